@@ -1,0 +1,41 @@
+"""The ``kvtier`` command line (typer + rich).
+
+Commands live beside the code they drive; each command module exposes
+``register(app)`` and is imported here lazily enough that ``kvtier --help`` never
+imports torch or vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(no_args_is_help=True, add_completion=False,
+                  help="kvtier: tiered KV cache (RAM -> SSD -> shared store) for vLLM, and the lab that measures it.")
+workload_app = typer.Typer(no_args_is_help=True, help="Generate, import and inspect workloads.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: store, ttft, replay, slo, compare.")
+app.add_typer(workload_app, name="workload")
+app.add_typer(bench_app, name="bench")
+
+# (module, group) — group is None for top-level commands.
+COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
+    ("kvtier.commands.basic", None),          # doctor, generate
+)
+
+_GROUPS = {None: app, "workload": workload_app, "bench": bench_app}
+
+
+def _register_all() -> None:
+    for module_name, group in COMMAND_MODULES:
+        module = importlib.import_module(module_name)
+        module.register(_GROUPS[group])
+
+
+def main() -> None:
+    _register_all()
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""One typed configuration tree for kvtier.
+
+Loaded only here: a YAML file (optional) overlaid with ``KVTIER_*`` environment
+variables, then explicit overrides. Nested fields use ``__`` in environment names,
+e.g. ``KVTIER_STORE__DISK__PATH=/mnt/nvme/kvtier`` or
+``KVTIER_STORE__MEMORY__CAPACITY=4GiB``. Every bad value raises ``ConfigError``
+with one line naming the field and the problem.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, Mapping
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "KVTIER_"
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "ki": 2**10, "kib": 2**10, "m": 10**6, "mb": 10**6,
+          "mi": 2**20, "mib": 2**20, "g": 10**9, "gb": 10**9, "gi": 2**30, "gib": 2**30,
+          "t": 10**12, "tb": 10**12, "ti": 2**40, "tib": 2**40}
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line naming the field."""
+
+
+def parse_size(value: Any) -> int:
+    """Parse a byte size: an int, or a string like ``512MiB``, ``4GB``, ``1.5GiB``."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a byte size, got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError(f"byte size must be >= 0, got {value}")
+        return value
+    if isinstance(value, float) and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        m = _SIZE_RE.match(value)
+        if m:
+            unit = (m.group(2) or "").lower()
+            return int(float(m.group(1)) * _UNITS[unit])
+    raise ValueError(f"expected a byte size like 512MiB or 4GB, got {value!r}")
+
+
+ByteSize = Annotated[int, BeforeValidator(parse_size)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class MemoryTierConfig(_Section):
+    enabled: bool = True
+    capacity: ByteSize = Field(default=2 * 2**30, description="RAM tier byte budget")
+
+
+class DiskTierConfig(_Section):
+    enabled: bool = False
+    path: Path | None = Field(default=None, description="local SSD directory (required when enabled)")
+    capacity: ByteSize = Field(default=20 * 2**30, description="SSD tier byte budget")
+    fsync: Literal["never", "file", "always"] = Field(
+        default="never", description="never: rely on the page cache; file: fsync each chunk before publish; "
+        "always: also fsync the directory")
+    o_direct: bool = Field(default=False, description="use O_DIRECT for reads/writes where supported")
+    writer_threads: int = Field(default=2, ge=1, le=64)
+    queue_depth: int = Field(default=256, ge=1, description="bounded write queue; when full, stores are dropped")
+
+    @model_validator(mode="after")
+    def _path_when_enabled(self) -> "DiskTierConfig":
+        if self.enabled and self.path is None:
+            raise ValueError("disk tier is enabled but store.disk.path is not set")
+        return self
+
+
+class StoreConfig(_Section):
+    chunk_size: int = Field(default=256, ge=1, description="tokens per chunk; a multiple of the engine block size")
+    eviction: Literal["lru", "cost"] = "lru"
+    write_policy: Literal["write_through", "write_back"] = "write_through"
+    promote_on_hit: bool = True
+    memory: MemoryTierConfig = MemoryTierConfig()
+    disk: DiskTierConfig = DiskTierConfig()
+
+
+class ConnectorConfig(_Section):
+    load_timeout_s: float = Field(default=30.0, gt=0, description="a load slower than this is a miss")
+    save: bool = Field(default=True, description="save newly computed full chunks")
+    min_hit_chunks: int = Field(default=1, ge=1, description="ignore hits shorter than this many chunks")
+
+
+class MetricsConfig(_Section):
+    port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
+
+
+class KvtierConfig(_Section):
+    store: StoreConfig = StoreConfig()
+    connector: ConnectorConfig = ConnectorConfig()
+    metrics: MetricsConfig = MetricsConfig()
+
+
+def _deep_merge(base: dict, over: Mapping) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
+            out[k] = _deep_merge(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+def _env_tree(env: Mapping[str, str]) -> dict:
+    tree: dict = {}
+    for name, value in env.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue  # only nested KVTIER_SECTION__FIELD names are config; others (KVTIER_HOME) are not
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        node = tree
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return tree
+
+
+def _first_error_line(err: ValidationError) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]) or "config"
+    msg = e["msg"].removeprefix("Value error, ")
+    value = e.get("input")
+    if "input" in e and not isinstance(value, dict) and repr(value) not in msg:
+        return f"invalid config: {loc}: {msg} (got {value!r})"
+    return f"invalid config: {loc}: {msg}"
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> KvtierConfig:
+    """Build the config: defaults <- YAML file <- KVTIER_* env <- overrides. Raises ConfigError."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {p} must hold a mapping at top level")
+        data = loaded
+    data = _deep_merge(data, _env_tree(os.environ if env is None else env))
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return KvtierConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_first_error_line(e)) from None
+
+
+def kvtier_home() -> Path:
+    """Root of kvtier's caches (model folder, default disk tier): $KVTIER_HOME or ~/.cache/kvtier."""
+    return Path(os.environ.get("KVTIER_HOME") or Path.home() / ".cache" / "kvtier")
