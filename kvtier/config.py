@@ -57,6 +57,9 @@ class _Section(BaseModel):
 class MemoryTierConfig(_Section):
     enabled: bool = True
     capacity: ByteSize = Field(default=2 * 2**30, description="RAM tier byte budget")
+    slot_size: ByteSize | None = Field(default=None, description="bytes per RAM slot; default: the first "
+                                       "chunk's payload size rounded up to 4 KiB")
+    prefault: bool = Field(default=False, description="touch the whole RAM slab when it is allocated")
 
 
 class DiskTierConfig(_Section):
@@ -69,6 +72,8 @@ class DiskTierConfig(_Section):
     o_direct: bool = Field(default=False, description="use O_DIRECT for reads/writes where supported")
     writer_threads: int = Field(default=2, ge=1, le=64)
     queue_depth: int = Field(default=256, ge=1, description="bounded write queue; when full, stores are dropped")
+    rescan_interval_s: float = Field(default=5.0, ge=0, description="re-read the shared directory at most this "
+                                     "often when the index must learn other processes' chunks")
 
     @model_validator(mode="after")
     def _path_when_enabled(self) -> "DiskTierConfig":

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -46,6 +46,7 @@ class Turn(_Model):
     think_time_s: float = Field(default=0.0, ge=0)
     max_tokens: int = Field(default=32, ge=1)
     arrival_s: float | None = Field(default=None, ge=0, description="absolute arrival hint (trace replay)")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="free-form labels (category, tone, ...)")
 
     @model_validator(mode="after")
     def _one_prompt(self) -> "Turn":
@@ -54,11 +55,18 @@ class Turn(_Model):
         return self
 
 
+class HistoryMessage(_Model):
+    role: Literal["user", "assistant"]
+    content: str
+
+
 class Conversation(_Model):
     id: str
     arrival_s: float = Field(default=0.0, ge=0)
     system: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    history: list[HistoryMessage] = Field(
+        default_factory=list, description="earlier messages of a resumed chat: in every prompt, never sent as requests")
     turns: list[Turn] = Field(min_length=1)
 
     def chat_messages(self, k: int) -> list[dict[str, str]]:
@@ -66,11 +74,26 @@ class Conversation(_Model):
         msgs: list[dict[str, str]] = []
         if self.system:
             msgs.append({"role": "system", "content": self.system})
+        msgs.extend({"role": h.role, "content": h.content} for h in self.history)
         for t in self.turns[:k]:
             msgs.append({"role": "user", "content": t.user or ""})
             msgs.append({"role": "assistant", "content": t.assistant})
         msgs.append({"role": "user", "content": self.turns[k].user or ""})
         return msgs
+
+    def request_times(self) -> list[float]:
+        """Nominal send time of each turn, ignoring service time: a turn's own ``arrival_s``
+        when given, else the previous turn's time (or the conversation's ``arrival_s``) plus
+        its ``think_time_s``. Non-decreasing by construction."""
+        times: list[float] = []
+        t = self.arrival_s
+        for k, turn in enumerate(self.turns):
+            if turn.arrival_s is not None:
+                t = max(t, turn.arrival_s)
+            elif k > 0:
+                t = t + turn.think_time_s
+            times.append(t)
+        return times
 
 
 class WorkloadHeader(_Model):
@@ -88,6 +111,14 @@ class Workload(_Model):
     @property
     def num_requests(self) -> int:
         return sum(len(c.turns) for c in self.conversations)
+
+    def request_order(self) -> list[tuple[int, int]]:
+        """(conversation index, turn index) of every request in nominal send order: by
+        ``Conversation.request_times()``, ties broken by file order; a conversation's turns
+        always stay in order."""
+        keyed = [(t, ci, k) for ci, c in enumerate(self.conversations) for k, t in enumerate(c.request_times())]
+        keyed.sort()
+        return [(ci, k) for _, ci, k in keyed]
 
 
 def _short(err: ValidationError) -> str:

@@ -1,0 +1,26 @@
+# kvtier: the README's two commands are `make demo` and `make test`; both do all set-up first.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export OMP_WAIT_POLICY ?= PASSIVE
+
+.PHONY: setup demo test test-unit test-integration clean
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(VENV)/bin/kvtier doctor
+	$(VENV)/bin/kvtier generate "What is the capital of France?"
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not integration" $(PYTEST_ARGS)
+
+test-integration: setup
+	$(PY) -m pytest -q -m integration $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

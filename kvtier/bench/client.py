@@ -1,0 +1,191 @@
+"""Async streaming client for OpenAI-compatible servers; one ``RequestRecord`` per request.
+
+Timing contract: the body is encoded and the request built first; the clock
+(``time.perf_counter``) starts immediately before the request is sent. TTFT is the
+arrival of the first SSE chunk carrying generated text (falling back to the first chunk
+with any choice when no text ever arrives); inter-token latencies are the gaps between
+later text-bearing chunks; e2e is the end of the stream. Usage comes from the final
+``include_usage`` chunk; ``cached_tokens`` from ``usage.prompt_tokens_details`` when the
+server reports it (vLLM: ``--enable-prompt-tokens-details``), else ``None``.
+
+Failures never raise: they are recorded as ``error_kind`` in
+{connect, timeout, http_<status>, disconnect, incomplete, stream_error, bad_response}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import httpx
+
+from kvtier.workload.format import Conversation
+
+CONNECT_ERROR = "connect"
+
+
+@dataclass
+class RequestRecord:
+    conversation_id: str
+    turn: int
+    api: str                                 # "chat" | "completions"
+    start_s: float                           # send time, seconds since the run started
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+    output_tokens: int | None = None
+    max_tokens: int | None = None
+    error_kind: str | None = None
+    error: str | None = None
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error_kind is None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RequestRecord":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class ClientOptions:
+    request_timeout_s: float = 300.0
+    connect_timeout_s: float = 10.0
+    ignore_eos: bool = True          # vLLM extension: every config decodes exactly max_tokens
+    extra_body: tuple[tuple[str, Any], ...] = ()
+
+
+def request_body(model: str, conv: Conversation, k: int, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
+    """(endpoint path, JSON body) for turn ``k``: completions with token ids, else chat."""
+    turn = conv.turns[k]
+    body: dict[str, Any] = {"model": model, "max_tokens": turn.max_tokens, "temperature": 0.0,
+                            "stream": True, "stream_options": {"include_usage": True}}
+    if opts.ignore_eos:
+        body["ignore_eos"] = True
+    body.update(dict(opts.extra_body))
+    if turn.prompt_token_ids is not None:
+        body["prompt"] = turn.prompt_token_ids
+        return "/v1/completions", body
+    body["messages"] = conv.chat_messages(k)
+    return "/v1/chat/completions", body
+
+
+def make_http_client(base_url: str, opts: ClientOptions) -> httpx.AsyncClient:
+    """One pooled client per run; no connection limit so the pool never queues requests."""
+    timeout = httpx.Timeout(opts.request_timeout_s, connect=opts.connect_timeout_s)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    return httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits)
+
+
+def _chunk_text(chunk: dict[str, Any]) -> tuple[bool, bool]:
+    """(has_choice, has_text) for one streamed chunk."""
+    choices = chunk.get("choices") or []
+    has_text = False
+    for ch in choices:
+        delta = ch.get("delta") or {}
+        if ch.get("text") or delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
+            has_text = True
+    return bool(choices), has_text
+
+
+def _apply_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
+    rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
+    rec.output_tokens = usage.get("completion_tokens", rec.output_tokens)
+    details = usage.get("prompt_tokens_details") or {}
+    if details.get("cached_tokens") is not None:
+        rec.cached_tokens = int(details["cached_tokens"])
+
+
+async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k: int,
+                    opts: ClientOptions, run_t0: float) -> RequestRecord:
+    """Send turn ``k`` of ``conv`` and stream the answer. Never raises (except cancellation)."""
+    path, body = request_body(model, conv, k, opts)
+    rec = RequestRecord(conversation_id=conv.id, turn=k, api="completions" if "prompt" in body else "chat",
+                        start_s=0.0, max_tokens=conv.turns[k].max_tokens)
+    request = client.build_request("POST", path, content=json.dumps(body).encode(),
+                                   headers={"content-type": "application/json"})
+    t0 = time.perf_counter()
+    rec.start_s = t0 - run_t0
+    first_choice: float | None = None
+    last_text: float | None = None
+    done = False
+    try:
+        async with asyncio.timeout(opts.request_timeout_s):
+            resp = await client.send(request, stream=True)
+            try:
+                if resp.status_code != 200:
+                    detail = (await resp.aread()).decode(errors="replace")[:300]
+                    rec.error_kind, rec.error = f"http_{resp.status_code}", detail.strip() or resp.reason_phrase
+                    return rec
+                async for line in resp.aiter_lines():
+                    now = time.perf_counter()
+                    if not line.startswith("data:"):
+                        continue  # blank separators, ": keep-alive" comments, event: lines
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        done = True
+                        break
+                    try:
+                        chunk = json.loads(data)
+                    except json.JSONDecodeError:
+                        rec.error_kind, rec.error = "bad_response", f"unparseable SSE data: {data[:120]!r}"
+                        return rec
+                    if "error" in chunk and not chunk.get("choices"):
+                        err = chunk["error"]
+                        rec.error_kind = "stream_error"
+                        rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
+                        return rec
+                    has_choice, has_text = _chunk_text(chunk)
+                    if has_choice and first_choice is None:
+                        first_choice = now
+                    if has_text:
+                        if rec.ttft_s is None:
+                            rec.ttft_s = now - t0
+                        else:
+                            rec.itl_s.append(now - last_text)
+                        last_text = now
+                    if chunk.get("usage"):
+                        _apply_usage(rec, chunk["usage"])
+            finally:
+                await resp.aclose()
+        end = time.perf_counter()
+        if not done:
+            rec.error_kind, rec.error = "incomplete", "stream ended without [DONE]"
+            return rec
+        if rec.ttft_s is None and first_choice is not None:
+            rec.ttft_s = first_choice - t0
+        if rec.ttft_s is None:
+            rec.error_kind, rec.error = "bad_response", "stream finished without any choice"
+            return rec
+        rec.e2e_s = end - t0
+        return rec
+    except TimeoutError:
+        rec.error_kind, rec.error, rec.timed_out = "timeout", f"no complete answer within {opts.request_timeout_s} s", True
+    except httpx.TimeoutException as e:
+        rec.error_kind, rec.error, rec.timed_out = "timeout", f"{type(e).__name__}: {e}", True
+    except httpx.ConnectError as e:
+        rec.error_kind, rec.error = CONNECT_ERROR, f"cannot connect to {client.base_url}: {e}"
+    except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
+        rec.error_kind, rec.error = "disconnect", f"{type(e).__name__}: {e}"
+    except httpx.HTTPError as e:
+        rec.error_kind, rec.error = "disconnect", f"{type(e).__name__}: {e}"
+    return rec
+
+
+async def discover_model(client: httpx.AsyncClient) -> str:
+    """The first model id the server lists at ``GET /v1/models``."""
+    r = await client.get("/v1/models")
+    r.raise_for_status()
+    data = r.json().get("data") or []
+    if not data:
+        raise ValueError(f"{client.base_url}/v1/models lists no model")
+    return str(data[0]["id"])

@@ -1,0 +1,82 @@
+"""Server-side counters from Prometheus ``/metrics``, snapshotted before and after a run.
+
+A ``MetricsSnapshot`` maps sample name -> value summed over label sets (so multi-engine
+or per-model labels collapse). ``server_delta`` turns two snapshots into the server's own
+view of the run: prefix-cache token hit rate, mean TTFT from vLLM's histogram, and the
+change of every ``kvtier_*`` sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+PREFIX_HITS = "vllm:prefix_cache_hits"
+PREFIX_QUERIES = "vllm:prefix_cache_queries"
+EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
+EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries"
+TTFT_HIST = "vllm:time_to_first_token_seconds"
+_TRACKED_PREFIXES = ("vllm:prefix_cache", "vllm:external_prefix_cache", TTFT_HIST, "vllm:prompt_tokens",
+                     "vllm:request_success", "vllm:num_preemptions", "kvtier_")
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    samples: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+    def get(self, name: str) -> float | None:
+        """Value of a counter, accepting the name with or without ``_total``."""
+        for n in (name, name + "_total"):
+            if n in self.samples:
+                return self.samples[n]
+        return None
+
+
+def parse_metrics(text: str) -> MetricsSnapshot:
+    samples: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith(_TRACKED_PREFIXES) and not s.name.endswith("_created"):
+                key = s.name if not s.labels.get("le") else f"{s.name}{{le={s.labels['le']}}}"
+                samples[key] = samples.get(key, 0.0) + float(s.value)
+    return MetricsSnapshot(samples)
+
+
+async def scrape(client: httpx.AsyncClient, url: str) -> MetricsSnapshot:
+    """Never raises: an unreachable or malformed endpoint gives a snapshot with ``error``."""
+    try:
+        r = await client.get(url, timeout=10.0)
+        r.raise_for_status()
+        return parse_metrics(r.text)
+    except (httpx.HTTPError, ValueError) as e:
+        return MetricsSnapshot(error=f"{url}: {type(e).__name__}: {e}")
+
+
+def _delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> float | None:
+    a, b = after.get(name), before.get(name)
+    if a is None:
+        return None
+    return a - (b or 0.0)
+
+
+def server_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, Any]:
+    """Server-side view of one run (keys are None when the server does not export them)."""
+    hits, queries = _delta(before, after, PREFIX_HITS), _delta(before, after, PREFIX_QUERIES)
+    ext_hits, ext_queries = _delta(before, after, EXTERNAL_HITS), _delta(before, after, EXTERNAL_QUERIES)
+    ttft_sum, ttft_count = _delta(before, after, TTFT_HIST + "_sum"), _delta(before, after, TTFT_HIST + "_count")
+    out: dict[str, Any] = {
+        "prefix_cache_hits": hits, "prefix_cache_queries": queries,
+        "prefix_cache_hit_rate": hits / queries if hits is not None and queries else None,
+        "external_prefix_cache_hits": ext_hits, "external_prefix_cache_queries": ext_queries,
+        "external_prefix_cache_hit_rate": ext_hits / ext_queries if ext_hits is not None and ext_queries else None,
+        "ttft_count": ttft_count,
+        "ttft_mean_s": ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
+        "kvtier": {k: after.samples[k] - before.samples.get(k, 0.0)
+                   for k in sorted(after.samples) if k.startswith("kvtier_")},
+        "errors": [e for e in (before.error, after.error) if e],
+    }
+    return out

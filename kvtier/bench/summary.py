@@ -1,0 +1,102 @@
+"""Summaries of a replay: latency percentiles, token hit rate (overall, over time, last half).
+
+``summarize`` is a pure function of the records (plus run metadata); every key is a number,
+``None`` (not measurable: no successful request, or the server reports no cached tokens),
+or a nested dict/list of such. Latency statistics use successful requests only.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from kvtier.bench.client import RequestRecord
+
+# Prompt-length buckets in tokens: [lo, hi).
+PROMPT_BUCKETS: tuple[tuple[int, int | None], ...] = (
+    (0, 256), (256, 1024), (1024, 4096), (4096, 16384), (16384, None))
+
+
+def latency_stats(values: Sequence[float], prefix: str) -> dict[str, float | None]:
+    keys = ("mean", "p50", "p90", "p99", "max")
+    if not values:
+        return {f"{prefix}_{k}_s": None for k in keys}
+    a = np.asarray(values, dtype=float)
+    return {f"{prefix}_mean_s": float(a.mean()), f"{prefix}_p50_s": float(np.percentile(a, 50)),
+            f"{prefix}_p90_s": float(np.percentile(a, 90)), f"{prefix}_p99_s": float(np.percentile(a, 99)),
+            f"{prefix}_max_s": float(a.max())}
+
+
+def token_hit_rate(records: Iterable[RequestRecord]) -> float | None:
+    """sum(cached_tokens) / sum(prompt_tokens) over successful requests that report both."""
+    cached = prompt = 0
+    for r in records:
+        if r.ok and r.cached_tokens is not None and r.prompt_tokens:
+            cached += r.cached_tokens
+            prompt += r.prompt_tokens
+    return cached / prompt if prompt else None
+
+
+def bucket_label(lo: int, hi: int | None) -> str:
+    def k(n: int) -> str:
+        return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else str(n)
+    return f"{k(lo)}+" if hi is None else f"{k(lo)}-{k(hi)}"
+
+
+def _group_stats(rs: list[RequestRecord]) -> dict[str, Any]:
+    ok = [r for r in rs if r.ok]
+    return {"requests": len(ok), **latency_stats([r.ttft_s for r in ok], "ttft"), "token_hit_rate": token_hit_rate(ok)}
+
+
+def hit_rate_windows(records: Sequence[RequestRecord], window_s: float) -> list[dict[str, Any]]:
+    """Token hit rate and mean TTFT per window of send time (shows cache warm-up)."""
+    ok = [r for r in records if r.ok]
+    if not ok or window_s <= 0:
+        return []
+    end = max(r.start_s for r in ok)
+    n = int(end // window_s) + 1
+    out = []
+    for i in range(n):
+        t0, t1 = i * window_s, (i + 1) * window_s
+        rs = [r for r in ok if t0 <= r.start_s < t1]
+        out.append({"t0_s": t0, "t1_s": t1, "requests": len(rs), "token_hit_rate": token_hit_rate(rs),
+                    "ttft_mean_s": float(np.mean([r.ttft_s for r in rs])) if rs else None})
+    return out
+
+
+def summarize(records: Sequence[RequestRecord], *, duration_s: float, windows: int = 10,
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
+    out: dict[str, Any] = {
+        "requests_total": len(records), "requests_ok": len(ok), "requests_failed": len(failed),
+        "requests_timed_out": sum(r.timed_out for r in records),
+        "errors_by_kind": dict(Counter(r.error_kind for r in failed)),
+        "duration_s": duration_s,
+        "request_rate_per_s": len(ok) / duration_s if duration_s > 0 else None,
+        "output_tokens_per_s": (sum(r.output_tokens or 0 for r in ok) / duration_s) if duration_s > 0 else None,
+        "prompt_tokens_total": sum(r.prompt_tokens or 0 for r in ok),
+        "cached_tokens_total": sum(r.cached_tokens or 0 for r in ok),
+        "cached_tokens_reported": any(r.cached_tokens is not None for r in ok),
+    }
+    out.update(latency_stats([r.ttft_s for r in ok], "ttft"))
+    out.update(latency_stats([r.e2e_s for r in ok], "e2e"))
+    out.update(latency_stats([x for r in ok for x in r.itl_s], "itl"))
+    out["token_hit_rate"] = token_hit_rate(ok)
+    half = duration_s / 2
+    out["token_hit_rate_last_half"] = token_hit_rate(r for r in ok if r.start_s >= half)
+    out["first_turn"] = _group_stats([r for r in records if r.turn == 0])
+    out["later_turns"] = _group_stats([r for r in records if r.turn > 0])
+    buckets = {}
+    for lo, hi in PROMPT_BUCKETS:
+        rs = [r for r in ok if r.prompt_tokens is not None and r.prompt_tokens >= lo and (hi is None or r.prompt_tokens < hi)]
+        if rs:
+            buckets[bucket_label(lo, hi)] = _group_stats(rs)
+    out["by_prompt_length"] = buckets
+    window_s = duration_s / windows if duration_s > 0 and windows > 0 else 0.0
+    out["hit_rate_over_time"] = hit_rate_windows(records, window_s)
+    if extra:
+        out.update(extra)
+    return out

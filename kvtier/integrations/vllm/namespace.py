@@ -1,0 +1,90 @@
+"""The cache namespace of one vLLM engine, derived identically in the scheduler and the worker.
+
+Everything that makes KV incompatible goes in: the served model (path or name) and a
+fingerprint of its weights, the KV dtype, the paged layout, the engine block size, the
+chunk size and the TP/PP rank and size. Both connector halves call ``engine_namespace``
+with the same ``VllmConfig``; the layout comes from the platform, the attention backend
+and vLLM's resolved ``kv_cache_layout`` (never from tensors only the worker can see).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from kvtier.integrations.vllm.layouts import KVLayout, layout_for_engine
+from kvtier.keys import Namespace
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+
+class NamespaceError(ValueError):
+    """The engine configuration cannot be cached by kvtier (one-line reason)."""
+
+
+def weights_fingerprint(model: str) -> str:
+    """Fingerprint of a local model folder (config.json bytes + weight file names and sizes);
+    for a hub name, the name itself (vLLM resolved revision is not visible here)."""
+    path = Path(model)
+    if not path.is_dir():
+        return "name:" + model
+    h = hashlib.blake2b(digest_size=16)
+    cfg = path / "config.json"
+    if cfg.is_file():
+        h.update(cfg.read_bytes())
+    for f in sorted(path.iterdir()):
+        if f.suffix in (".safetensors", ".bin", ".pt", ".gguf"):
+            h.update(f.name.encode() + b"\0" + str(f.stat().st_size).encode() + b"\0")
+    return h.hexdigest()
+
+
+def kv_dtype_name(vllm_config: "VllmConfig") -> str:
+    cache_dtype = str(vllm_config.cache_config.cache_dtype)
+    if cache_dtype != "auto":
+        return cache_dtype
+    return str(vllm_config.model_config.dtype).removeprefix("torch.")
+
+
+def engine_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None") -> KVLayout:
+    from vllm.platforms import current_platform
+
+    platform = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
+    backend = ""
+    attn = getattr(vllm_config, "attention_config", None)
+    if attn is not None and getattr(attn, "backend", None) is not None:
+        backend = str(getattr(attn.backend, "name", attn.backend))
+    if not backend:
+        backend = "FLASH_ATTN"  # vLLM's default on CUDA
+    layout_name = getattr(kv_cache_config, "kv_cache_layout", None) or vllm_config.cache_config.kv_cache_layout
+    return layout_for_engine(platform, backend, layout_name)
+
+
+def check_chunk_size(chunk_size: int, block_size: int) -> None:
+    if block_size <= 0 or chunk_size % block_size:
+        raise NamespaceError(
+            f"kvtier store.chunk_size={chunk_size} must be a multiple of the engine block size "
+            f"{block_size}; set store.chunk_size to a multiple of {block_size} (e.g. {2 * block_size})")
+
+
+def engine_namespace(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None",
+                     chunk_size: int, layout: KVLayout | None = None) -> Namespace:
+    """The namespace for this engine and rank. Raises NamespaceError on a bad chunk size."""
+    block_size = int(vllm_config.cache_config.block_size)
+    check_chunk_size(chunk_size, block_size)
+    layout = layout or engine_layout(vllm_config, kv_cache_config)
+    model = str(vllm_config.model_config.model)
+    par = vllm_config.parallel_config
+    tp_size, pp_size = int(par.tensor_parallel_size), int(par.pipeline_parallel_size)
+    tp_rank = pp_rank = 0
+    if tp_size > 1 or pp_size > 1:
+        try:
+            from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+            tp_rank, pp_rank = get_tp_group().rank_in_group, get_pp_group().rank_in_group
+        except (AssertionError, ImportError):  # scheduler process: no groups; look up as rank 0
+            tp_rank = pp_rank = 0
+    return Namespace(model=model, model_fingerprint=weights_fingerprint(model), dtype=kv_dtype_name(vllm_config),
+                     layout=layout.name, block_size=block_size, chunk_size=chunk_size,
+                     tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size)

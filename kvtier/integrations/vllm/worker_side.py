@@ -1,0 +1,201 @@
+"""Worker half of the connector: copy chunks between the store and vLLM's paged KV blocks.
+
+Contract:
+- ``register`` takes vLLM's per-layer caches, orders layers by name (natural order, the
+  same in every process) and checks them against the configured layout.
+- ``load`` (from ``start_load_kv``, before the forward pass) reads every planned chunk and
+  copies whole blocks into the allocated block ids, synchronously. A chunk the store
+  cannot return (miss, bad payload, deadline passed) makes that chunk and every later
+  chunk of the request a load error: their block ids are returned by
+  ``take_load_errors`` so vLLM recomputes them; no save is made for that request in the
+  same step (its freshly computed KV would rest on the failed blocks).
+- ``save`` (from ``wait_for_save``) gathers each fully computed chunk into a staging
+  buffer and hands it to ``store.put``, which copies it before returning and writes the
+  tiers in the background. When ``save`` returns, nothing references vLLM's blocks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
+from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvtier.integrations.vllm.metrics import ConnectorMetrics
+
+log = logging.getLogger("kvtier.connector")
+
+
+class ChunkStore(Protocol):
+    def get(self, key: Any) -> Any: ...
+    def put(self, key: Any, parent: Any, payload: Any, *, num_tokens: int, shape: tuple[int, ...],
+            dtype: str) -> bool: ...
+
+
+def _natural_key(name: str) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
+
+
+class WorkerSide:
+    def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
+                 load_timeout_s: float, metrics: "ConnectorMetrics | None" = None) -> None:
+        self.store = store
+        self.layout = layout
+        self.chunk_size = chunk_size
+        self.block_size = block_size
+        self.blocks_per_chunk = chunk_size // block_size
+        self.load_timeout_s = load_timeout_s
+        self.metrics = metrics
+        self.layers: list["torch.Tensor"] = []
+        self.layer_names: list[str] = []
+        self.disabled: str | None = "no KV caches registered"
+        self._staging: "torch.Tensor | None" = None
+        self._load_errors: set[int] = set()
+        self._failed_reqs: set[str] = set()
+        self._outcomes: dict[str, LoadOutcome] = {}
+        self._stored: list[bytes] = []
+        self._missing: list[bytes] = []
+
+    # -- setup -----------------------------------------------------------------------------
+    def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        import torch
+
+        names = sorted(kv_caches, key=_natural_key)
+        layers = [kv_caches[n] for n in names]
+        try:
+            if not layers:
+                raise LayoutError("no KV cache layers")
+            for t in layers:
+                self.layout.physical(t)
+                if self.layout.block_size(t) != self.block_size:
+                    raise LayoutError(f"layer block size {self.layout.block_size(t)} != engine block size "
+                                      f"{self.block_size}")
+                if t.shape != layers[0].shape or t.dtype != layers[0].dtype:
+                    raise LayoutError("KV layers differ in shape or dtype (hybrid models are not supported)")
+        except LayoutError as e:
+            self.disabled = str(e)
+            log.error("kvtier: connector disabled on this worker: %s", e)
+            if self.metrics:
+                self.metrics.error("layout")
+            return
+        self.layers, self.layer_names = layers, names
+        self.shape = self.layout.chunk_shape(layers, self.blocks_per_chunk)
+        self.dtype_name = str(layers[0].dtype).removeprefix("torch.")
+        self._staging = torch.empty(self.shape, dtype=layers[0].dtype, device="cpu")
+        self.chunk_nbytes = self._staging.numel() * self._staging.element_size()
+        self.disabled = None
+        log.info("kvtier: registered %d KV layers, layout %s, chunk payload %s %s (%d bytes)",
+                 len(layers), self.layout.name, self.shape, self.dtype_name, self.chunk_nbytes)
+
+    def _staging_bytes(self) -> memoryview:
+        import torch
+
+        assert self._staging is not None
+        return memoryview(self._staging.view(torch.uint8).numpy()).cast("B")
+
+    # -- load --------------------------------------------------------------------------------
+    def _read_chunk(self, key: bytes) -> tuple[bool, str | None]:
+        """Fill the staging buffer with chunk ``key``; (ok, error kind)."""
+        out = self._staging_bytes()
+        try:
+            get_into = getattr(self.store, "get_into", None)
+            if get_into is not None:
+                n = get_into(key, out)
+                if n is None:
+                    return False, "miss"
+                if n != self.chunk_nbytes:
+                    return False, "size"
+                return True, None
+            data = self.store.get(key)
+        except Exception as e:  # a broken tier is a miss
+            log.warning("kvtier: get failed: %s", e)
+            return False, "store_exception"
+        if data is None:
+            return False, "miss"
+        mv = memoryview(data).cast("B")
+        if mv.nbytes != self.chunk_nbytes:
+            return False, "size"
+        out[:] = mv
+        return True, None
+
+    def load(self, meta: KvtierConnectorMetadata) -> None:
+        if not meta.loads:
+            return
+        deadline = time.monotonic() + self.load_timeout_s
+        for plan in meta.loads:
+            outcome = LoadOutcome()
+            t0 = time.perf_counter()
+            failed_from: int | None = None
+            nbytes = 0
+            for i, ch in enumerate(plan.chunks):
+                if self.disabled is not None:
+                    ok, err = False, "disabled"
+                elif time.monotonic() > deadline:
+                    ok, err = False, "timeout"
+                else:
+                    ok, err = self._read_chunk(ch.key)
+                if not ok:
+                    failed_from = i
+                    outcome.error = err
+                    self._missing.append(ch.key)
+                    if self.metrics:
+                        self.metrics.error("load_" + (err or "unknown"))
+                    log.warning("kvtier: load of chunk %d for %s failed (%s); vLLM will recompute",
+                                i, plan.req_id, err)
+                    break
+                self.layout.scatter(self.layers, ch.block_ids, self._staging, first_block=ch.first_block)
+                nbytes += len(ch.block_ids) * self.chunk_nbytes // self.blocks_per_chunk
+                outcome.loaded_tokens += len(ch.block_ids) * self.block_size
+            if failed_from is not None:
+                self._failed_reqs.add(plan.req_id)
+                for ch in plan.chunks[failed_from:]:
+                    self._load_errors.update(ch.block_ids)
+                    outcome.failed_tokens += len(ch.block_ids) * self.block_size
+            self._outcomes[plan.req_id] = outcome
+            if self.metrics:
+                self.metrics.loaded(nbytes, time.perf_counter() - t0, outcome.loaded_tokens)
+
+    # -- save ------------------------------------------------------------------------------
+    def save(self, meta: KvtierConnectorMetadata) -> None:
+        if not meta.saves or self.disabled is not None:
+            return
+        for ch in meta.saves:
+            if ch.req_id in self._failed_reqs:
+                continue
+            t0 = time.perf_counter()
+            try:
+                self.layout.gather(self.layers, ch.block_ids, out=self._staging)
+                ok = self.store.put(ch.key, ch.parent, self._staging_bytes(), num_tokens=self.chunk_size,
+                                    shape=tuple(self.shape), dtype=self.dtype_name)
+            except Exception as e:
+                log.warning("kvtier: store.put failed: %s", e)
+                ok = False
+                if self.metrics:
+                    self.metrics.error("store_exception")
+            if ok:
+                self._stored.append(ch.key)
+            if self.metrics:
+                self.metrics.stored(self.chunk_nbytes if ok else 0, time.perf_counter() - t0, dropped=not ok)
+
+    def end_step(self) -> None:
+        """Called after the step's saves: failed requests may save again next step."""
+        self._failed_reqs.clear()
+
+    # -- reports -----------------------------------------------------------------------------
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def take_worker_meta(self) -> KvtierWorkerMetadata | None:
+        if not (self._outcomes or self._stored or self._missing):
+            return None
+        meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, self._stored, self._missing)
+        self._outcomes, self._stored, self._missing = {}, [], []
+        return meta

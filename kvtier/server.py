@@ -1,0 +1,212 @@
+"""Launch a vLLM OpenAI-compatible server as a subprocess (compare, demo, benchmarks, tests).
+
+Contract:
+- ``ServerSpec`` is a frozen description of one server configuration; ``build_command``
+  turns it into the exact argv (always ``--enforce-eager``, bound to 127.0.0.1, with
+  ``--enable-prompt-tokens-details`` so streamed usage reports cached tokens).
+- ``VllmServer.start`` refuses a busy port with a clear ``ServerError``, starts the
+  process in its own process group with stdout/stderr going to ``log_path``, and polls
+  ``GET /health`` until ready. If the process exits, or readiness times out, the process
+  group is killed and ``ServerError`` carries the last log lines.
+- ``stop()`` sends SIGTERM to the process group, then SIGKILL after a grace period. It is
+  idempotent; the context manager calls it on exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvtier.runtime import vllm_env
+
+HOST = "127.0.0.1"
+DEFAULT_READY_TIMEOUT_S = 240.0
+CONNECTOR_NAME = "KvtierConnector"
+CONNECTOR_MODULE = "kvtier.integrations.vllm.connector"
+
+
+class ServerError(RuntimeError):
+    """The server could not be started or stopped; the message says why (with a log tail)."""
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """One vLLM server configuration.
+
+    ``kvtier_config`` is a ``KvtierConfig`` dumped to a JSON-able dict; when set the server
+    runs with the kvtier connector. ``port=None`` picks a free port at start.
+    """
+
+    name: str
+    model: str
+    port: int | None = None
+    max_model_len: int | None = 4096
+    max_num_batched_tokens: int | None = None
+    kv_cache_space_gib: float | None = 1.0
+    enable_prefix_caching: bool = True
+    dtype: str | None = None
+    kvtier_config: dict[str, Any] | None = None
+    extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+def kv_transfer_config(kvtier_config: dict[str, Any]) -> dict[str, Any]:
+    """The ``--kv-transfer-config`` value that plugs the kvtier connector into vLLM."""
+    return {
+        "kv_connector": CONNECTOR_NAME,
+        "kv_connector_module_path": CONNECTOR_MODULE,
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"kvtier_config": kvtier_config},
+    }
+
+
+def build_command(spec: ServerSpec, port: int | None = None) -> list[str]:
+    """argv for ``python -m vllm.entrypoints.openai.api_server`` serving ``spec``."""
+    port = port if port is not None else spec.port
+    if port is None:
+        raise ValueError("build_command needs a port (spec.port or the port argument)")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+           "--model", spec.model, "--enforce-eager", "--port", str(port), "--host", HOST,
+           "--enable-prompt-tokens-details", "--disable-uvicorn-access-log"]
+    if spec.max_model_len is not None:
+        cmd += ["--max-model-len", str(spec.max_model_len)]
+    if spec.max_num_batched_tokens is not None:
+        cmd += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
+    cmd.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
+    if spec.dtype is not None:
+        cmd += ["--dtype", spec.dtype]
+    if spec.kvtier_config is not None:
+        cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config(spec.kvtier_config))]
+    cmd += list(spec.extra_args)
+    return cmd
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+    return True
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+class VllmServer:
+    """A running server process; use ``VllmServer.start(...)`` (also a context manager)."""
+
+    def __init__(self, spec: ServerSpec, port: int, process: subprocess.Popen, log_path: Path):
+        self.spec = spec
+        self.port = port
+        self.process = process
+        self.log_path = log_path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @classmethod
+    def start(cls, spec: ServerSpec, log_path: str | Path, *,
+              ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S,
+              command: list[str] | None = None, env: dict[str, str] | None = None) -> "VllmServer":
+        """Start and wait until ``/health`` answers 200.
+
+        ``command``/``env`` override ``build_command(spec)``/``vllm_env(...)`` (tests, custom
+        launchers); a ``{port}`` placeholder in ``command`` is replaced by the chosen port.
+        """
+        port = spec.port if spec.port is not None else free_port()
+        if not port_is_free(port):
+            raise ServerError(f"port busy: {HOST}:{port} is already in use (server {spec.name!r})")
+        argv = build_command(spec, port) if command is None else [a.replace("{port}", str(port)) for a in command]
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("wb") as log:
+            log.write(("$ " + " ".join(argv) + "\n").encode())
+            log.flush()
+            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env if env is not None else vllm_env(spec.kv_cache_space_gib),
+                                    start_new_session=True)
+        server = cls(spec, port, proc, log_path)
+        try:
+            server._wait_ready(ready_timeout_s)
+        except BaseException:
+            server.stop()
+            raise
+        return server
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                code = self.process.poll()
+                if code is not None:
+                    raise ServerError(f"server {self.spec.name!r} exited with code {code} during startup; "
+                                      f"last log lines ({self.log_path}):\n{log_tail(self.log_path)}")
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise ServerError(f"server {self.spec.name!r} not ready after {timeout_s:.0f} s; "
+                                      f"last log lines ({self.log_path}):\n{log_tail(self.log_path)}")
+                time.sleep(0.5)
+
+    def metrics_text(self, timeout_s: float = 10.0) -> str:
+        """The Prometheus exposition text from ``GET /metrics``."""
+        r = httpx.get(f"{self.base_url}/metrics", timeout=timeout_s)
+        r.raise_for_status()
+        return r.text
+
+    @property
+    def running(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, grace_s: float = 20.0) -> int | None:
+        """SIGTERM the process group, SIGKILL after ``grace_s``. Returns the exit code."""
+        if self.process.poll() is None:
+            self._signal_group(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Children (engine core) may outlive the leader; always sweep the group.
+        self._signal_group(signal.SIGKILL)
+        try:
+            return self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.process.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def __enter__(self) -> "VllmServer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,111 @@
+"""The tier interface every storage level implements (memory, disk, later remote).
+
+Guarantees every tier gives (tests/unit/test_store_tiers_contract.py checks each
+one against every tier):
+
+* **Thread safety.** Every method may be called from any thread concurrently.
+* **Never wrong data.** ``get``/``get_into`` return the exact payload that was put
+  under that key, or a miss. A payload read from anything but process memory is
+  verified (header, namespace, key, length, checksum) first.
+* **Failure is a miss.** Read failures (corruption, a vanished file, I/O errors)
+  return ``None`` and are counted as events; a failed write returns ``False`` and
+  is counted. No method raises for a cache fault; only programming errors (a
+  buffer too small, a closed tier) raise.
+* **Budget.** ``usage().used_bytes <= usage().capacity_bytes`` after every call
+  (disk: within the margin documented in docs/store-design.md).
+* **Copy semantics.** ``put`` copies the payload (the caller may reuse its buffer at
+  once); ``get`` returns a buffer the caller owns.
+* **Prefix-aware eviction.** Eviction removes chain tails first; evicted keys are
+  reported to ``on_evict`` so the store can drop chunks orphaned everywhere.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
+
+from kvtier.chunk import ChunkMeta
+from kvtier.keys import ChunkKey
+
+EvictHook = Callable[[list[ChunkMeta]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class TierUsage:
+    used_bytes: int
+    capacity_bytes: int
+    num_chunks: int
+
+
+def as_byte_view(buf: bytes | bytearray | memoryview, writable: bool = False) -> memoryview:
+    """A flat unsigned-byte view of any C-contiguous buffer (numpy arrays, tensors' storage...)."""
+    view = memoryview(buf)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    if writable and view.readonly:
+        raise ValueError("output buffer is read-only")
+    return view
+
+
+class Tier(ABC):
+    """One storage level. See the module docstring for the guarantees."""
+
+    name: str = "tier"
+
+    def __init__(self) -> None:
+        self.on_evict: EvictHook | None = None
+
+    @abstractmethod
+    def contains(self, key: ChunkKey) -> bool:
+        """True if a get of ``key`` is expected to hit (it may still miss on a fault)."""
+
+    def contains_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        return [self.contains(k) for k in keys]
+
+    @abstractmethod
+    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
+        """Copy the verified payload into ``out[:payload_len]``; its meta, or None on a miss.
+
+        On a miss the contents of ``out`` are unspecified. Raises ValueError if
+        ``out`` is smaller than the payload."""
+
+    @abstractmethod
+    def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
+        """The verified payload in a fresh caller-owned buffer, or None on a miss."""
+
+    def get_many(self, keys: Iterable[ChunkKey]) -> list[tuple[ChunkMeta, memoryview] | None]:
+        return [self.get(k) for k in keys]
+
+    @abstractmethod
+    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
+        """Store a copy of ``payload`` under ``meta.key``; False if not stored (counted)."""
+
+    def put_many(self, items: Iterable[tuple[ChunkMeta, bytes | memoryview]]) -> list[bool]:
+        return [self.put(m, p) for m, p in items]
+
+    @abstractmethod
+    def delete(self, key: ChunkKey) -> bool:
+        """Remove ``key``; True if it was present."""
+
+    def delete_many(self, keys: Iterable[ChunkKey]) -> int:
+        return sum(self.delete(k) for k in keys)
+
+    @abstractmethod
+    def usage(self) -> TierUsage:
+        """Bytes used / budget / number of chunks (this process's view for shared tiers)."""
+
+    @abstractmethod
+    def keys(self) -> list[ChunkKey]:
+        """Keys this tier knows (for shared tiers: this process's index)."""
+
+    @abstractmethod
+    def children(self, key: ChunkKey) -> list[ChunkKey]:
+        """Known chunks in this tier whose parent is ``key``, and their descendants, deepest first."""
+
+    def close(self) -> None:
+        """Release resources; later calls may raise. Idempotent."""
+
+    def _report_evicted(self, metas: list[ChunkMeta]) -> None:
+        if metas and self.on_evict is not None:
+            self.on_evict(metas)

