@@ -6,7 +6,7 @@ streaming. Behaviour knobs (``FakeBehavior``) set the first-chunk delay, the per
 delay and a first-token delay that grows with the number of in-flight requests. Prompt
 tokens are whitespace words (chat) or the given ids (completions); ``cached_tokens`` is
 the longest prefix already seen in an earlier prompt, like an unbounded prefix cache.
-A user message containing ``FAIL500`` gets HTTP 500; ``DISCONNECT`` drops the connection
+A last user message containing ``FAIL500`` gets HTTP 500; ``DISCONNECT`` drops the connection
 after the first content chunk.
 
 In tests: ``with FakeOpenAIServer.start(FakeBehavior(...)) as srv: srv.url``.
@@ -79,9 +79,10 @@ class FakeState:
 
 
 def _prompt_tokens(body: dict[str, Any]) -> tuple[list, str]:
+    """(prompt tokens, text of the last message — where failure markers are looked for)."""
     if "messages" in body:
         text = " ".join(f"<{m['role']}> {m['content']}" for m in body["messages"])
-        return text.split(), text
+        return text.split(), body["messages"][-1]["content"]
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         return list(prompt), ""
