@@ -163,15 +163,15 @@ ASSISTANT_BODY = (
     "{my_city} sounds like a place with its own moods, a bit like {home}.",
     "Sometimes I think about {topic}, and I never land on the same answer twice.",
     "There's a story about {friend} and {object} that I'll tell you properly someday.",
-    "Honestly, {my_relative} might be carrying more than they show.",
+    "Honestly, {your_relative} might be carrying more than they show.",
     "I'd say be gentle with yourself; {event} is not a test of your worth.",
     "The last time I felt {emotion}, I walked all the way to {setting} and back.",
     "That sounds {adj}, and I mean that with admiration.",
-    "I once read {media} in a single night because I couldn't sleep in {place}.",
+    "I once got through {media} in a single night because I couldn't sleep in {place}.",
 )
 ASSISTANT_QUESTIONS = (
     "How are you feeling about it now?", "What do you want to do next?", "Did {my_petname} help at all?",
     "What would make tomorrow a little easier?", "Do you want advice, or just someone to listen?",
-    "What part of {my_city} do you escape to?", "Have you told {my_relative}?", "Tell me one good thing from today?",
+    "What part of {my_city} do you escape to?", "Have you told {your_relative}?", "Tell me one good thing from today?",
     "Would you ever try {hobby} with me?", "What would the younger you say about this?",
 )

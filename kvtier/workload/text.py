@@ -48,7 +48,8 @@ class UserProfile:
 
 @dataclass
 class Filler:
-    """Fill templates: ``{my_x}`` slots come from the profile, others are fresh draws."""
+    """Fill templates: ``{my_x}`` slots come from the profile (``{your_x}``: the same fact
+    addressed to the user, "my sister" -> "your sister"), others are fresh draws."""
 
     rng: random.Random
     profile: UserProfile | None = None
@@ -61,6 +62,9 @@ class Filler:
                 return self.extra[key]
             if key.startswith("my_") and self.profile is not None:
                 return getattr(self.profile, key[3:])
+            if key.startswith("your_") and self.profile is not None:  # the user's facts, spoken to them
+                value = getattr(self.profile, key[5:])
+                return "your " + value[3:] if value.startswith("my ") else value
             return self.rng.choice(_POOLS[key])
         text = _SLOT.sub(sub, template)
         return text[:1].upper() + text[1:]

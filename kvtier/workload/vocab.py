@@ -100,10 +100,10 @@ peach cobbler, matcha cheesecake, chocolate babka, rice pudding, cornbread, pest
 """)
 
 PETS = _words("""
-a one-eyed tabby cat, a very dramatic beagle, two lazy goldfish, a rescue greyhound, a chatty parrot,
-a nervous hamster, a grumpy old pug, a hedgehog that hates mornings, a black cat who steals socks,
-a corgi with too much energy, a tortoise older than me, a pair of guinea pigs, a bearded dragon,
-a husky who howls at sirens, a fluffy rabbit, a three-legged terrier, a Maine coon the size of a dog
+one-eyed tabby cat, very dramatic beagle, two lazy goldfish, rescue greyhound, chatty parrot,
+nervous hamster, grumpy old pug, hedgehog that hates mornings, black cat who steals socks,
+corgi with too much energy, tortoise older than me, pair of guinea pigs, bearded dragon,
+husky who howls at sirens, fluffy rabbit, three-legged terrier, Maine coon the size of a dog
 """)
 
 PET_NAMES = _words("""
