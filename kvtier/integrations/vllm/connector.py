@@ -1,0 +1,201 @@
+"""``KvtierConnector``: vLLM's ``KVConnectorBase_V1`` as a thin facade over two halves.
+
+Enable with::
+
+    --kv-transfer-config '{"kv_connector":"KvtierConnector",
+      "kv_connector_module_path":"kvtier.integrations.vllm.connector","kv_role":"kv_both",
+      "kv_connector_extra_config":{"kvtier_config":{...KvtierConfig as a dict...}}}'
+
+or ``"kvtier_config_file": "/path/kvtier.yaml"`` in the extra config; ``KVTIER_*``
+environment variables apply too (``kvtier.config.load_config``: file <- env <- dict).
+
+vLLM builds one instance per role: SCHEDULER (in the EngineCore process) delegates to
+``SchedulerSide``, WORKER (in each worker process) to ``WorkerSide``. Each process opens
+the store through ``kvtier.store.shared_store`` (one instance per process and namespace).
+Loads are synchronous, before the forward pass; saves copy out of the paged buffers in
+``wait_for_save`` and are written to the tiers in the background by the store.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from kvtier.config import ConfigError, KvtierConfig, load_config
+from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
+from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, serve
+from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace
+from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
+from kvtier.integrations.vllm.worker_side import WorkerSide
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+log = logging.getLogger("kvtier.connector")
+
+_TIER_SOURCE = {"memory": CacheHitSource.HOST, "ram": CacheHitSource.HOST, "worker": CacheHitSource.HOST,
+                "disk": CacheHitSource.DISK, "ssd": CacheHitSource.DISK}
+
+
+def config_from_extra(extra: dict[str, Any] | None) -> KvtierConfig:
+    """The kvtier config named by ``kv_connector_extra_config`` (dict and/or file, plus env)."""
+    extra = extra or {}
+    unknown = set(extra) - {"kvtier_config", "kvtier_config_file"}
+    if unknown:
+        raise ConfigError(f"unknown kv_connector_extra_config keys for kvtier: {sorted(unknown)}")
+    overrides = extra.get("kvtier_config") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError("kv_connector_extra_config.kvtier_config must be a mapping")
+    return load_config(extra.get("kvtier_config_file"), overrides=overrides)
+
+
+class KvtierConnector(KVConnectorBase_V1):
+    _cache_hit_source = CacheHitSource.DISK
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
+                 kv_cache_config: "KVCacheConfig | None" = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        from kvtier.store import shared_store
+
+        self.config = config_from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        cfg = self.config
+        block_size = int(vllm_config.cache_config.block_size)
+        layout = engine_layout(vllm_config, kv_cache_config)
+        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout)
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        self._unsupported = len(groups) > 1
+        if self._unsupported:
+            log.error("kvtier: %d KV cache groups (hybrid model) are not supported; connector inactive",
+                      len(groups))
+        self.metrics = ConnectorMetrics()
+        self.store = shared_store(cfg.store, self.namespace)
+        self._sched: SchedulerSide | None = None
+        self._worker: WorkerSide | None = None
+        role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        if role == KVConnectorRole.SCHEDULER:
+            mem = cfg.store.memory
+            approx_chunk = 1 << 20  # refined once a worker reports; bounds the remembered-keys set
+            self._sched = SchedulerSide(
+                self.store, self.namespace, block_size=block_size, save=cfg.connector.save,
+                min_hit_chunks=cfg.connector.min_hit_chunks, metrics=self.metrics,
+                request_log=RequestLog(cfg.connector.request_log),
+                worker_key_capacity=(mem.capacity // approx_chunk) if mem.enabled else 0)
+            port = cfg.metrics.port
+        else:
+            self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
+                                      load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics)
+            port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
+        if port:
+            serve(port)
+        stats_dir = cfg.connector.stats_dir or (
+            Path(cfg.store.disk.path) / "_stats" if cfg.store.disk.enabled and cfg.store.disk.path else None)
+        self._snapshots = SnapshotWriter.start(Path(stats_dir), role_name, cfg.connector.stats_interval_s) \
+            if stats_dir else None
+        if self._snapshots is not None:
+            atexit.register(self._snapshots.stop)
+        log.info("kvtier connector (%s, pid %d): namespace %s (%s, layout %s, dtype %s, chunk %d)", role_name,
+                 os.getpid(), self.namespace.short_id(), self.namespace.model, layout.name,
+                 self.namespace.dtype, self.namespace.chunk_size)
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a best-effort cache: a dropped save is only a future miss
+
+    # ---------------------------------------------------------------- worker side
+    def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        if self._worker is not None:
+            self._worker.register(kv_caches)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        if self._worker is not None and isinstance(meta, KvtierConnectorMetadata):
+            self._worker.load(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads are synchronous in start_load_kv
+
+    def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: "AttentionMetadata",
+                      **kwargs: Any) -> None:
+        return  # whole chunks are copied once, in wait_for_save
+
+    def wait_for_save(self) -> None:
+        if self._worker is None or not self.has_connector_metadata():
+            return
+        meta = self._get_connector_metadata()
+        if isinstance(meta, KvtierConnectorMetadata):
+            self._worker.save(meta)
+        self._worker.end_step()
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self._worker.take_load_errors() if self._worker is not None else set()
+
+    def build_connector_worker_meta(self) -> KvtierWorkerMetadata | None:
+        return self._worker.take_worker_meta() if self._worker is not None else None
+
+    def shutdown(self) -> None:
+        try:
+            self.store.flush(timeout=10)
+        except Exception as e:  # never fail vLLM's shutdown
+            log.warning("kvtier: flush at shutdown failed: %s", e)
+        if self._snapshots is not None:
+            self._snapshots.stop()
+
+    # ---------------------------------------------------------------- scheduler side
+    def bind_kv_cache_manager(self, kv_cache_manager: "KVCacheManager") -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self._sched is not None:
+            self._sched.bind(lambda req_id: list(kv_cache_manager.get_block_ids(req_id)[0]))
+
+    def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self._sched is None or self._unsupported:
+            return 0, False
+        return self._sched.num_new_matched_tokens(request, num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
+                                 num_external_tokens: int) -> None:
+        if self._sched is not None and not self._unsupported:
+            self._sched.after_alloc(request, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        if self._sched is None or self._unsupported:
+            return KvtierConnectorMetadata()
+        return self._sched.build_meta(scheduler_output)
+
+    def get_external_cache_hit_sources(self, request: "Request", num_external_tokens: int) -> dict:
+        if self._sched is None or not num_external_tokens:
+            return {}
+        out: dict[CacheHitSource, int] = {}
+        for tier, n in self._sched.hit_tiers(request, num_external_tokens).items():
+            src = _TIER_SOURCE.get(tier, CacheHitSource.EXTERNAL_UNSPECIFIED)
+            out[src] = out.get(src, 0) + n
+        if sum(out.values()) != num_external_tokens:
+            return {CacheHitSource.EXTERNAL_UNSPECIFIED: num_external_tokens}
+        return out
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
+        meta = connector_output.kv_connector_worker_meta
+        if self._sched is not None and isinstance(meta, KvtierWorkerMetadata):
+            self._sched.on_worker_meta(meta)
+
+    def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if self._sched is not None:
+            self._sched.finished(request)
+        return False, None  # saves copied out of the blocks already; free them now
