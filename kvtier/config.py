@@ -95,6 +95,11 @@ class ConnectorConfig(_Section):
     load_timeout_s: float = Field(default=30.0, gt=0, description="a load slower than this is a miss")
     save: bool = Field(default=True, description="save newly computed full chunks")
     min_hit_chunks: int = Field(default=1, ge=1, description="ignore hits shorter than this many chunks")
+    request_log: Path | None = Field(default=None, description="append per-request claim/load events "
+                                     "(JSON lines) here; for tests and audits")
+    stats_dir: Path | None = Field(default=None, description="where connector processes write JSON metric "
+                                   "snapshots; default <store.disk.path>/_stats when the disk tier is on")
+    stats_interval_s: float = Field(default=5.0, gt=0, description="seconds between metric snapshots")
 
 
 class MetricsConfig(_Section):
