@@ -15,8 +15,10 @@ Test vectors live in tests/unit/test_keys.py.
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
+import sys
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import NewType, Sequence
@@ -29,6 +31,8 @@ ChunkKey = NewType("ChunkKey", bytes)  # 32-byte BLAKE2b digest
 KEY_BYTES = 32
 _NS_PERSON = b"kvtier-ns"      # BLAKE2b personalisation: namespace digests never collide with chunk keys
 _MAX_TOKEN = 2**32 - 1
+_U32 = "I" if array.array("I").itemsize == 4 else "L"
+_BIG_ENDIAN = sys.byteorder == "big"
 
 
 @dataclass(frozen=True)
@@ -79,11 +83,18 @@ class Namespace:
 
 def _token_bytes(token_ids: Sequence[int] | np.ndarray, n: int) -> bytes:
     """uint32 little-endian bytes of the first ``n`` tokens; rejects ids outside [0, 2**32)."""
-    arr = token_ids if isinstance(token_ids, np.ndarray) else np.asarray(token_ids[:n], dtype=np.int64)
-    arr = arr[:n]
-    if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN):
-        raise ValueError("token ids must be in [0, 2**32)")
-    return arr.astype("<u4", copy=False).tobytes()
+    if isinstance(token_ids, np.ndarray):
+        arr = token_ids[:n]
+        if arr.size and (int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN):
+            raise ValueError("token ids must be in [0, 2**32)")
+        return arr.astype("<u4", copy=False).tobytes()
+    try:  # array('I') converts a list ~3x faster than numpy and range-checks every id
+        arr32 = array.array(_U32, token_ids[:n] if len(token_ids) != n else token_ids)
+    except (OverflowError, TypeError) as e:
+        raise ValueError(f"token ids must be ints in [0, 2**32): {e}") from None
+    if _BIG_ENDIAN:
+        arr32.byteswap()
+    return arr32.tobytes()
 
 
 def chunk_key(parent: bytes, tokens_u32le: bytes, extra: bytes = b"") -> ChunkKey:
@@ -101,7 +112,7 @@ def chunk_keys(namespace: Namespace, token_ids: Sequence[int], extra: bytes = b"
     n = (len(token_ids) // c) * c
     if n == 0:
         return []
-    raw = _token_bytes(token_ids, n)
+    raw = memoryview(_token_bytes(token_ids, n))
     step = 4 * c
     parent = namespace.digest()
     keys: list[ChunkKey] = []

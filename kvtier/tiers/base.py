@@ -28,7 +28,7 @@ from typing import Callable, Iterable, Sequence
 from kvtier.chunk import ChunkMeta
 from kvtier.keys import ChunkKey
 
-EvictHook = Callable[[list[ChunkMeta]], None]
+EvictHook = Callable[[list[ChunkKey]], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +106,6 @@ class Tier(ABC):
     def close(self) -> None:
         """Release resources; later calls may raise. Idempotent."""
 
-    def _report_evicted(self, metas: list[ChunkMeta]) -> None:
-        if metas and self.on_evict is not None:
-            self.on_evict(metas)
+    def _report_evicted(self, keys: list[ChunkKey]) -> None:
+        if keys and self.on_evict is not None:
+            self.on_evict(keys)

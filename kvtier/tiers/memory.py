@@ -183,8 +183,12 @@ class MemoryTier(Tier):
             if not self._ensure_slab(meta.payload_len) or meta.payload_len > (self._slot_size or 0):
                 self._tm.event("dropped_store", self.name, f"payload {meta.payload_len} B exceeds slot")
                 return False
+            parent = meta.parent
+
+            def keep(k: ChunkKey) -> bool:  # pinned slots cannot be reused yet; never cut the new chunk's prefix
+                return k == parent or self._pins[self._entries[k][0]] > 0
             while not self._free:
-                victim = self._policy.pick()
+                victim = self._policy.pick(exclude=keep)
                 if victim is None:
                     break
                 vslot, vmeta = self._drop_locked(victim)  # type: ignore[misc]
@@ -202,7 +206,7 @@ class MemoryTier(Tier):
             self._tm.evicted(self.name, len(evicted))
         for item in demote:
             self.on_demote(*item)  # type: ignore[misc]
-        self._report_evicted(evicted)
+        self._report_evicted([m.key for m in evicted])
         if slot is None:
             self._tm.event("dropped_store", self.name, "no free memory slot (all pinned)")
             return False

@@ -1,0 +1,415 @@
+"""Local-SSD tier: one verified file per chunk in a directory shared by processes.
+
+Layout under ``<disk.path>/<namespace.short_id()>/``::
+
+    namespace.json      the namespace fields (for humans and fsck)
+    ledger              8-byte used-bytes counter; flock on it serialises publish/delete
+    chunks/ab/<key hex>.kvc   published chunks (chunk.py format)
+    tmp/<key hex>.<pid>.<thread>.<n>.tmp    files being written
+
+The directory is the source of truth. A chunk is written to ``tmp/`` and published
+with ``os.replace`` under the ledger lock, so a final name never holds a partial
+file; the ledger is updated in the same critical section (and recomputed from a
+directory scan at open and on rescans), which keeps the byte budget across every
+process sharing the directory. Each process keeps an index (sizes, parents, LRU or
+cost order) as a cache: ``contains`` stats the file, so chunks published by other
+processes are seen at once and chunks they evicted are forgotten. See
+docs/store-design.md for the trade-offs and the budget margin.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import itertools
+import json
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from kvtier.chunk import ChunkError, ChunkMeta, encode_header, encode_trailer, file_size
+from kvtier.eviction import EvictionPolicy, PolicyName
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
+from kvtier.tiers import diskio
+from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.writer import Job, WriterPool
+
+SUFFIX = ".kvc"
+_STALE_TMP_S = 3600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DiskTier(Tier):
+    name = "disk"
+
+    def __init__(self, root: Path, namespace: Namespace, capacity: int, fsync: str, o_direct: bool,
+                 policy: PolicyName, writer_threads: int, queue_depth: int, telemetry: Telemetry) -> None:
+        super().__init__()
+        self.root = root
+        self.namespace = namespace
+        self.capacity = capacity
+        self.fsync = fsync
+        self.o_direct = o_direct
+        self._ns = namespace.digest()
+        self._chunks = root / "chunks"
+        self._tmp = root / "tmp"
+        self._tm = telemetry
+        self._lock = threading.RLock()          # index, policy, pending
+        self._xlock = threading.Lock()          # threads' half of the ledger lock (flock is per process)
+        self._index: dict[ChunkKey, int] = {}   # key -> file size
+        self._unknown_parent: set[ChunkKey] = set()
+        self._policy = EvictionPolicy(policy)
+        self._ledger_fd = -1
+        self._seq = itertools.count()
+        self._writers = WriterPool(self, writer_threads, queue_depth, telemetry)
+        self.parent_ok: Callable[[ChunkKey], bool] | None = None  # set by the store: is a parent reachable?
+        self.last_scan_s = 0.0
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | Path, namespace: Namespace, capacity: int, *, fsync: str = "never",
+             o_direct: bool = False, policy: PolicyName = "lru", writer_threads: int = 2,
+             queue_depth: int = 256, telemetry: Telemetry | None = None) -> "DiskTier":
+        """Create/open the namespace directory, clean dead writers' temp files, rebuild the index."""
+        root = Path(path) / namespace.short_id()
+        self = cls(root, namespace, capacity, fsync, o_direct, policy, writer_threads, queue_depth,
+                   telemetry or Telemetry())
+        self._chunks.mkdir(parents=True, exist_ok=True)
+        self._tmp.mkdir(parents=True, exist_ok=True)
+        ns_file = root / "namespace.json"
+        if not ns_file.exists():
+            tmp = self._tmp / f"namespace.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.write_text(json.dumps({"digest": namespace.digest().hex(),
+                                       "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
+            os.replace(tmp, ns_file)
+        self._ledger_fd = os.open(root / "ledger", os.O_RDWR | os.O_CREAT, 0o644)
+        self.clean_temp_files()
+        t0 = time.perf_counter()
+        with self._shared():
+            self._rescan_locked()
+        self.last_scan_s = time.perf_counter() - t0
+        return self
+
+    # -- paths, ledger --------------------------------------------------------------------
+    def path_of(self, key: ChunkKey) -> str:
+        h = key.hex()
+        return f"{self._chunks}/{h[:2]}/{h}{SUFFIX}"
+
+    @contextmanager
+    def _shared(self) -> Iterator[None]:
+        """Exclusive across threads (lock) and processes (flock on the ledger)."""
+        with self._xlock:
+            fcntl.flock(self._ledger_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._ledger_fd, fcntl.LOCK_UN)
+
+    def _ledger(self) -> int:
+        raw = os.pread(self._ledger_fd, 8, 0)
+        return int.from_bytes(raw, "little") if len(raw) == 8 else 0
+
+    def _set_ledger(self, used: int) -> None:
+        os.pwrite(self._ledger_fd, max(used, 0).to_bytes(8, "little"), 0)
+
+    def clean_temp_files(self) -> int:
+        """Remove temp files of dead writers (or older than an hour). Returns how many."""
+        removed = 0
+        for e in os.scandir(self._tmp):
+            parts = e.name.split(".")
+            try:
+                pid = int(parts[1])
+                stale = time.time() - e.stat().st_mtime > _STALE_TMP_S
+            except (IndexError, ValueError, OSError):
+                pid, stale = -1, True
+            if pid != os.getpid() and (stale or not _pid_alive(pid)):
+                try:
+                    os.unlink(e.path)
+                    removed += 1
+                except OSError:
+                    pass
+        if removed:
+            self._tm.event("temp_cleaned", self.name, f"{removed} temp files of dead writers removed")
+        return removed
+
+    # -- index ----------------------------------------------------------------------------
+    def _index_add(self, key: ChunkKey, size: int, parent: ChunkKey | None, parent_known: bool,
+                   tokens: int = 1) -> None:
+        with self._lock:
+            if key in self._index:
+                if parent_known and key in self._unknown_parent:
+                    self._unknown_parent.discard(key)
+                    self._policy.set_parent(key, parent)
+                self._policy.touch(key)
+                return
+            self._index[key] = size
+            self._policy.add(key, parent if parent_known else None, size, tokens)
+            if not parent_known:
+                self._unknown_parent.add(key)
+
+    def _index_drop(self, key: ChunkKey) -> None:
+        with self._lock:
+            if self._index.pop(key, None) is not None:
+                self._policy.remove(key)
+                self._unknown_parent.discard(key)
+
+    def _rescan_locked(self) -> None:
+        """Rebuild the index from the directory and reset the ledger (holding the shared lock)."""
+        found: dict[ChunkKey, tuple[int, float]] = {}
+        for sub in os.scandir(self._chunks):
+            if not sub.is_dir():
+                continue
+            for e in os.scandir(sub.path):
+                if not e.name.endswith(SUFFIX) or len(e.name) != 64 + len(SUFFIX):
+                    continue
+                try:
+                    st = e.stat()
+                    found[ChunkKey(bytes.fromhex(e.name[:64]))] = (st.st_size, st.st_mtime)
+                except (OSError, ValueError):
+                    continue
+        with self._lock:
+            for key in [k for k in self._index if k not in found]:
+                self._index_drop(key)
+            new = sorted((k for k in found if k not in self._index or k in self._unknown_parent),
+                         key=lambda k: found[k][1])
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            heads = list(pool.map(lambda k: diskio.read_header(self.path_of(k)), new))
+        for key, head in zip(new, heads):
+            self._index_add(key, found[key][0], head.parent if head else None, head is not None,
+                            head.num_tokens if head else 1)
+        self._set_ledger(sum(size for size, _ in found.values()))
+
+    # -- Tier API -------------------------------------------------------------------------
+    def contains(self, key: ChunkKey) -> bool:
+        if self._writers.pending(key):
+            return True
+        try:
+            size = os.stat(self.path_of(key)).st_size
+        except OSError:
+            if key in self._index:
+                self._index_drop(key)
+            return False
+        if key not in self._index:
+            self._index_add(key, size, None, parent_known=False)
+        return True
+
+    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
+        t0 = time.perf_counter()
+        out = as_byte_view(out, writable=True)
+        meta = self._writers.read_pending(key, out)
+        if meta is None:
+            meta = self._read(key, out)
+        if meta is None:
+            self._tm.miss(self.name)
+            return None
+        self._tm.hit(self.name, meta.payload_len, time.perf_counter() - t0)
+        return meta
+
+    def _read(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
+        path = self.path_of(key)
+        try:
+            meta = diskio.read_chunk_file(path, out, self._ns, key, o_direct=self.o_direct)
+        except FileNotFoundError:
+            if key in self._index:
+                self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")
+                self._index_drop(key)
+            return None
+        except ChunkError as e:
+            self._tm.event(e.kind, self.name, f"{key.hex()[:16]}: {e}")
+            self._remove_file(key)
+            return None
+        except OSError as e:
+            self._tm.event("io_error", self.name, f"read {key.hex()[:16]}: {e}")
+            return None
+        self._index_add(key, file_size(meta.payload_len), meta.parent, True, meta.num_tokens)
+        return meta
+
+    def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
+        try:
+            size = os.stat(self.path_of(key)).st_size
+        except OSError:
+            size = self._writers.pending_size(key)
+            if size is None:
+                return self.get_into(key, memoryview(bytearray(0)))  # counts the miss / event
+        buf = memoryview(bytearray(max(size, 0)))
+        try:
+            meta = self.get_into(key, buf)
+        except ValueError:   # the file changed size under us: replaced by another writer
+            return None
+        return None if meta is None else (meta, buf[:meta.payload_len])
+
+    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
+        """Synchronous write + publish in the calling thread."""
+        return self.write(meta, as_byte_view(payload))
+
+    def submit(self, meta: ChunkMeta, payload: memoryview, release: Callable[[], None]) -> bool:
+        """Queue a background write of ``payload`` (kept alive until ``release()``); False = dropped."""
+        return self._writers.submit(Job(meta, payload, release))
+
+    def submit_copy(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
+        """Copy ``payload`` into a staging buffer and queue its write; False = dropped."""
+        return self._writers.submit_copy(meta, as_byte_view(payload))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self._writers.flush(timeout)
+
+    def write(self, meta: ChunkMeta, payload: memoryview) -> bool:
+        """Write to a temp file, then publish under the ledger lock (evicting to make room)."""
+        if len(payload) != meta.payload_len:
+            raise ValueError(f"payload is {len(payload)} bytes, meta says {meta.payload_len}")
+        size = file_size(meta.payload_len)
+        final = self.path_of(meta.key)
+        if os.path.exists(final):
+            self._index_add(meta.key, size, meta.parent, True, meta.num_tokens)
+            return True
+        if size > self.capacity:
+            self._tm.event("dropped_store", self.name, f"chunk of {size} B exceeds the disk budget")
+            return False
+        t0 = time.perf_counter()
+        tmp = f"{self._tmp}/{meta.key.hex()}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}.tmp"
+        header = encode_header(self._ns, meta)
+        trailer = encode_trailer(header, payload)
+        try:
+            diskio.write_chunk_file(tmp, header, payload, trailer, o_direct=self.o_direct,
+                                    fsync=self.fsync != "never")
+        except OSError as e:
+            _unlink_quiet(tmp)
+            kind = "enospc" if e.errno == 28 else "io_error"
+            self._tm.event(kind, self.name, f"write {meta.key.hex()[:16]}: {e}")
+            return False
+        ok = self._publish(tmp, final, meta, size)
+        if ok:
+            self._tm.wrote(self.name, meta.payload_len, time.perf_counter() - t0)
+        return ok
+
+    def _publish(self, tmp: str, final: str, meta: ChunkMeta, size: int) -> bool:
+        evicted: list[ChunkKey] = []
+        ok = False
+        try:
+            with self._shared():
+                if os.path.exists(final):          # another writer published the same key first
+                    ok = True
+                else:
+                    used = self._ledger()
+                    rescanned = False
+                    while used + size > self.capacity:
+                        with self._lock:   # never evict the new chunk's own parent
+                            victim = self._policy.pick(exclude=lambda k: k == meta.parent)
+                        if victim is None:
+                            if rescanned:
+                                break
+                            self._rescan_locked()
+                            used, rescanned = self._ledger(), True
+                            continue
+                        used -= self._unlink_locked(victim)
+                        evicted.append(victim)
+                    if used + size <= self.capacity:
+                        os.makedirs(os.path.dirname(final), exist_ok=True)
+                        os.replace(tmp, final)
+                        self._set_ledger(used + size)
+                        ok = True
+                        if self.fsync == "always":
+                            _fsync_dir(os.path.dirname(final))
+                    else:
+                        self._set_ledger(used)
+                        self._tm.event("dropped_store", self.name, "disk budget full of unevictable chunks")
+        except OSError as e:
+            self._tm.event("enospc" if e.errno == 28 else "io_error", self.name, f"publish: {e}")
+            ok = False
+        finally:
+            _unlink_quiet(tmp)
+        if ok:
+            self._index_add(meta.key, size, meta.parent, True, meta.num_tokens)
+        if evicted:
+            self._tm.evicted(self.name, len(evicted))
+        self._tm.usage(self.name, self._ledger(), self.capacity)
+        self._report_evicted(evicted)
+        return ok
+
+    def _unlink_locked(self, key: ChunkKey) -> int:
+        """Remove a published chunk (holding the shared lock). Returns the bytes freed."""
+        path = self.path_of(key)
+        self._index_drop(key)
+        try:
+            size = os.stat(path).st_size
+            os.unlink(path)
+        except FileNotFoundError:
+            return 0                      # another process removed it (and its ledger bytes)
+        return size
+
+    def _remove_file(self, key: ChunkKey) -> bool:
+        with self._shared():
+            freed = self._unlink_locked(key)
+            if freed:
+                self._set_ledger(self._ledger() - freed)
+        return freed > 0
+
+    def delete(self, key: ChunkKey) -> bool:
+        cancelled = self._writers.cancel(key)
+        return self._remove_file(key) or cancelled
+
+    def usage(self) -> TierUsage:
+        return TierUsage(self._ledger(), self.capacity, len(self._index))
+
+    def rescan(self) -> None:
+        """Re-read the directory (other processes' chunks) and reset the ledger."""
+        with self._shared():
+            self._rescan_locked()
+
+    def keys(self) -> list[ChunkKey]:
+        with self._lock:
+            return list(self._index)
+
+    def parent(self, key: ChunkKey) -> ChunkKey | None:
+        with self._lock:
+            return self._policy.parent(key)
+
+    def children(self, key: ChunkKey) -> list[ChunkKey]:
+        with self._lock:
+            return self._policy.descendants(key)
+
+    def orphans(self, present: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
+        with self._lock:
+            return self._policy.orphans(present)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._writers.close()
+        QUEUE_DEPTH.set(0)
+        if self._ledger_fd >= 0:
+            os.close(self._ledger_fd)
+            self._ledger_fd = -1
+
+
+def _unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["DiskTier", "SUFFIX", "log"]

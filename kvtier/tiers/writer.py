@@ -1,0 +1,190 @@
+"""Background writer pool of the disk tier: bounded queue, drop-when-full, readable pending jobs.
+
+``submit`` never blocks: when the queue is full the job is dropped, its source
+buffer released and a ``dropped_store`` event counted. A queued chunk is *pending*:
+``contains`` reports it and ``get`` copies it straight from the source buffer
+(reference counted, so the buffer is released only after the write and every
+reader finished). ``cancel`` (delete) makes the writer skip a job.
+"""
+
+from __future__ import annotations
+
+import mmap
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from kvtier.chunk import ChunkMeta
+from kvtier.keys import ChunkKey
+from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
+
+if TYPE_CHECKING:
+    from kvtier.tiers.disk import DiskTier
+
+
+@dataclass(eq=False)
+class Job:
+    meta: ChunkMeta
+    view: memoryview
+    release: Callable[[], None]
+    refs: int = 1
+    cancelled: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def acquire(self) -> bool:
+        with self.lock:
+            if self.refs == 0:
+                return False
+            self.refs += 1
+            return True
+
+    def drop(self) -> None:
+        with self.lock:
+            self.refs -= 1
+            last = self.refs == 0
+        if last:
+            self.release()
+
+
+class WriterPool:
+    def __init__(self, tier: "DiskTier", threads: int, depth: int, telemetry: Telemetry) -> None:
+        self._tier = tier
+        self._nthreads = threads
+        self._depth = depth
+        self._tm = telemetry
+        self._q: queue.Queue[Job | None] = queue.Queue(maxsize=depth)
+        self._pending: dict[ChunkKey, Job] = {}
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._inflight = 0
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+        self._staging_free: list[mmap.mmap] = []
+        self._staging_count = 0
+
+    def _start(self) -> None:
+        if not self._threads:
+            for i in range(self._nthreads):
+                t = threading.Thread(target=self._run, name=f"kvtier-disk-writer-{i}", daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def pending(self, key: ChunkKey) -> bool:
+        return key in self._pending
+
+    def pending_size(self, key: ChunkKey) -> int | None:
+        job = self._pending.get(key)
+        return None if job is None else job.meta.payload_len
+
+    def read_pending(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
+        with self._lock:
+            job = self._pending.get(key)
+            if job is None or job.cancelled or not job.acquire():
+                return None
+        try:
+            n = job.meta.payload_len
+            if len(out) < n:
+                raise ValueError(f"output buffer has {len(out)} bytes, chunk needs {n}")
+            out[:n] = job.view
+            return job.meta
+        finally:
+            job.drop()
+
+    def submit(self, job: Job) -> bool:
+        with self._lock:
+            if self._closed:
+                job.drop()
+                return False
+            if job.meta.key in self._pending:
+                job.drop()
+                return True
+            self._start()
+            try:
+                self._q.put_nowait(job)
+            except queue.Full:
+                full = True
+            else:
+                full = False
+                self._pending[job.meta.key] = job
+                self._inflight += 1
+        if full:
+            job.drop()
+            self._tm.event("dropped_store", "disk", "write queue full")
+            return False
+        QUEUE_DEPTH.set(self._q.qsize())
+        return True
+
+    def submit_copy(self, meta: ChunkMeta, payload: memoryview) -> bool:
+        buf = None
+        with self._lock:
+            for i, b in enumerate(self._staging_free):
+                if len(b) >= meta.payload_len:
+                    buf = self._staging_free.pop(i)
+                    break
+            if buf is None and self._staging_count < self._depth:
+                self._staging_count += 1
+                grow = True
+            else:
+                grow = False
+        if buf is None and not grow:
+            self._tm.event("dropped_store", "disk", "no free staging buffer (write queue full)")
+            return False
+        if buf is None:
+            buf = mmap.mmap(-1, max(meta.payload_len, 1))
+        view = memoryview(buf)[:meta.payload_len]
+        view[:] = payload
+
+        def release(b: mmap.mmap = buf, v: memoryview = view) -> None:
+            v.release()
+            with self._lock:
+                self._staging_free.append(b)
+        return self.submit(Job(meta, view, release))
+
+    def cancel(self, key: ChunkKey) -> bool:
+        with self._lock:
+            job = self._pending.pop(key, None)
+            if job is not None:
+                job.cancelled = True
+        return job is not None
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            try:
+                if not job.cancelled:
+                    parent_ok = self._tier.parent_ok
+                    if job.meta.parent is not None and parent_ok is not None and not parent_ok(job.meta.parent):
+                        self._tm.event("orphan_put", "disk", "parent left every tier before the write")
+                    else:
+                        self._tier.write(job.meta, job.view)
+            except Exception as e:  # never let a writer thread die: a failed write is a dropped store
+                log.exception("kvtier disk writer failed")
+                self._tm.event("io_error", "disk", f"writer: {e}")
+            finally:
+                with self._lock:
+                    if self._pending.get(job.meta.key) is job:
+                        del self._pending[job.meta.key]
+                    self._inflight -= 1
+                    self._idle.notify_all()
+                job.drop()
+                QUEUE_DEPTH.set(self._q.qsize())
+
+    def flush(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            return self._idle.wait_for(lambda: self._inflight == 0, timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in self._threads:
+            self._q.put(None)
+        for t in self._threads:
+            t.join()
+
+
+__all__ = ["Job", "WriterPool"]

@@ -1,0 +1,145 @@
+"""TieredStore composition: lookup, get/put across tiers, policies, persistence, registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.config import StoreConfig
+from kvtier.keys import Namespace, chunk_keys
+from kvtier.store import TieredStore, shared_store
+
+NS = Namespace("m", "f", "float32", "L", 4, 4)
+P = 8192
+
+
+def cfg(tmp: Path | None, mem_chunks: int = 8, disk_chunks: int = 64, **kw) -> StoreConfig:
+    data: dict = {"chunk_size": 4, "memory": {"enabled": mem_chunks > 0, "capacity": mem_chunks * P}}
+    if tmp is not None:
+        data["disk"] = {"enabled": True, "path": str(tmp), "capacity": disk_chunks * (P + 4116)}
+    data.update(kw)
+    return StoreConfig.model_validate(data)
+
+
+def payload(i: int) -> bytes:
+    return np.full(P, i % 251, dtype=np.uint8).tobytes()
+
+
+def put_chain(store: TieredStore, keys, start: int = 0) -> list[bool]:
+    return [store.put(k, keys[i - 1] if i else None, payload(start + i), num_tokens=4, shape=(P,), dtype="uint8")
+            for i, k in enumerate(keys)]
+
+
+def test_lookup_longest_prefix_and_tiers(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(40)))          # 10 chunks
+    with TieredStore.open(cfg(tmp_path), NS) as s:
+        assert s.lookup(keys).num_chunks == 0
+        assert all(put_chain(s, keys[:6]))
+        assert s.flush(10)
+        r = s.lookup(keys)
+        assert r.num_chunks == 6 and len(r.tiers) == 6 and set(r.tiers) <= {"memory", "disk"}
+        s.delete(keys[3])                              # a gap: lookup stops before it
+        assert s.lookup(keys).num_chunks == 3
+
+
+def test_get_returns_exact_bytes_from_each_tier(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(24)))
+    with TieredStore.open(cfg(tmp_path), NS) as s:
+        put_chain(s, keys)
+        s.flush(10)
+        for i, k in enumerate(keys):
+            assert bytes(s.get(k)) == payload(i)
+            out = bytearray(P)
+            assert s.get_into(k, out) == P and bytes(out) == payload(i)
+    # reopened without RAM: everything comes from disk, verified
+    with TieredStore.open(cfg(tmp_path, mem_chunks=0), NS) as s:
+        assert s.lookup(keys).tiers == ("disk",) * len(keys)
+        for i, k in enumerate(keys):
+            assert bytes(s.get(k)) == payload(i)
+
+
+def test_promote_on_hit(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(8)))
+    with TieredStore.open(cfg(tmp_path), NS) as s:
+        put_chain(s, keys)
+        s.flush(10)
+    with TieredStore.open(cfg(tmp_path), NS) as s:
+        assert s.lookup(keys).tiers == ("disk", "disk")
+        s.get(keys[0]), s.get(keys[1])
+        assert s.lookup(keys).tiers == ("memory", "memory")
+    with TieredStore.open(cfg(tmp_path, promote_on_hit=False), NS) as s:
+        s.get(keys[0])
+        assert s.lookup(keys).tiers == ("disk", "disk")
+
+
+def test_write_back_demotes_on_ram_eviction(tmp_path: Path) -> None:
+    with TieredStore.open(cfg(tmp_path, mem_chunks=4, write_policy="write_back"), NS) as s:
+        chains = [chunk_keys(NS, list(range(100 * c, 100 * c + 8))) for c in range(6)]   # 6 chains x 2 chunks
+        for c, keys in enumerate(chains):
+            assert all(put_chain(s, keys, start=10 * c))
+        s.flush(10)
+        assert s.disk is not None and s.disk.usage().num_chunks >= 8   # evicted chunks went to disk
+        for c, keys in enumerate(chains):
+            assert s.lookup(keys).num_chunks == 2
+            assert bytes(s.get(keys[1])) == payload(10 * c + 1)
+
+
+def test_write_through_memory_only_and_disk_only(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(16)))
+    with TieredStore.open(cfg(None), NS) as s:
+        assert all(put_chain(s, keys)) and s.lookup(keys).tiers == ("memory",) * 4
+    with TieredStore.open(cfg(tmp_path, mem_chunks=0), NS) as s:
+        assert all(put_chain(s, keys)) and s.flush(10)
+        assert s.lookup(keys).tiers == ("disk",) * 4
+
+
+def test_orphan_put_refused(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(16)))
+    with TieredStore.open(cfg(tmp_path), NS) as s:
+        assert not s.put(keys[2], keys[1], payload(2), num_tokens=4, shape=(P,), dtype="uint8")
+        assert s.stats()["counters"]["events.orphan_put"] == 1
+        assert s.lookup(keys).num_chunks == 0
+
+
+def test_namespaces_never_mix(tmp_path: Path) -> None:
+    other = Namespace("m", "f2", "float32", "L", 4, 4)
+    toks = list(range(8))
+    with TieredStore.open(cfg(tmp_path), NS) as s:
+        put_chain(s, chunk_keys(NS, toks))
+        s.flush(10)
+    with TieredStore.open(cfg(tmp_path), other) as s:
+        ks = chunk_keys(other, toks)
+        assert s.lookup(ks).num_chunks == 0 and s.get(ks[0]) is None
+        assert s.get(chunk_keys(NS, toks)[0]) is None    # even the other namespace's key misses
+
+
+def test_shared_store_registry(tmp_path: Path) -> None:
+    c = cfg(tmp_path)
+    a = shared_store(c, NS)
+    try:
+        assert shared_store(c, NS) is a
+        assert shared_store(cfg(tmp_path, mem_chunks=4), NS) is not a
+    finally:
+        a.close()
+    b = shared_store(c, NS)
+    assert b is not a
+    b.close()
+
+
+def test_stats_snapshot(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(8)))
+    with TieredStore.open(cfg(tmp_path), NS) as s:
+        put_chain(s, keys)
+        s.flush(10)
+        s.lookup(keys)
+        s.get(keys[0])
+        st = s.stats()
+    assert st["tiers"]["memory"]["chunks"] == 2 and st["tiers"]["disk"]["chunks"] == 2
+    assert st["counters"]["lookups"] == 1 and st["counters"]["hits.memory"] == 1
+
+
+def test_chunk_size_must_match_namespace(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        TieredStore.open(StoreConfig(), NS)
