@@ -5,8 +5,9 @@ Shape, after the published companion-app study (RAM+SSD KV offload vs plain vLLM
 * a few persona/character system prompts, some long (``system_tokens`` is the median;
   lengths are lognormal, clipped to [median/4, median*2.5]); popular characters are
   chosen more often (Zipf-like weights), so conversations share the persona prefix;
-* 1..``turns_max`` turns per conversation, shifted geometric with mean ``turns_mean``
-  (or lognormal), resampled when above ``turns_max``;
+* 1..``turns_max`` turns per conversation: a geometric distribution truncated to
+  [1, turns_max] whose mean is ``turns_mean`` (or a lognormal, resampled above the cap);
+  conversations also stop early when the next prompt would pass ``max_prompt_tokens``;
 * user turns in a dominant emotional tone, mixing small talk, personal questions,
   follow-ups, corrections, advice requests and roleplay actions; in-character replies
   of lognormal length (median ``assistant_tokens``);
@@ -88,10 +89,23 @@ def _lognormal(rng: random.Random, median: float, sigma: float, lo: float, hi: f
     return min(hi, max(lo, median * math.exp(rng.gauss(0.0, sigma))))
 
 
+def _truncated_geometric_p(mean: float, cap: int) -> float:
+    """p of a geometric on {1, 2, ...} whose mean, truncated to [1, cap], is ``mean``."""
+    if mean <= 1.0 or cap <= 1:
+        return 1.0
+    lo, hi = 1e-9, 1.0
+    for _ in range(60):
+        p = (lo + hi) / 2
+        w = [(1 - p) ** (k - 1) for k in range(1, cap + 1)]
+        m = sum(k * x for k, x in zip(range(1, cap + 1), w)) / sum(w)
+        lo, hi = (p, hi) if m > mean else (lo, p)
+    return (lo + hi) / 2
+
+
 def _num_turns(rng: random.Random, spec: CompanionSpec) -> int:
+    p = _truncated_geometric_p(spec.turns_mean, spec.turns_max)
     while True:
         if spec.turns_dist == "geometric":
-            p = 1.0 / spec.turns_mean
             n = 1 if p >= 1.0 else 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - p))
         else:
             n = max(1, round(spec.turns_mean * math.exp(rng.gauss(-0.18, 0.6))))
