@@ -23,13 +23,13 @@ import fcntl
 import itertools
 import json
 import os
-import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
+
+import xxhash
 
 from kvtier.chunk import ChunkError, ChunkMeta, encode_header, encode_trailer, file_size
 from kvtier.eviction import EvictionPolicy, PolicyName
@@ -78,16 +78,20 @@ class DiskTier(Tier):
         self._writers = WriterPool(self, writer_threads, queue_depth, telemetry)
         self.parent_ok: Callable[[ChunkKey], bool] | None = None  # set by the store: is a parent reachable?
         self.last_scan_s = 0.0
+        self.rescan_interval_s = 5.0
+        self._scanned_at = float("-inf")
         self._closed = False
 
     @classmethod
     def open(cls, path: str | Path, namespace: Namespace, capacity: int, *, fsync: str = "never",
              o_direct: bool = False, policy: PolicyName = "lru", writer_threads: int = 2,
-             queue_depth: int = 256, telemetry: Telemetry | None = None) -> "DiskTier":
+             queue_depth: int = 256, rescan_interval_s: float = 5.0,
+             telemetry: Telemetry | None = None) -> "DiskTier":
         """Create/open the namespace directory, clean dead writers' temp files, rebuild the index."""
         root = Path(path) / namespace.short_id()
         self = cls(root, namespace, capacity, fsync, o_direct, policy, writer_threads, queue_depth,
                    telemetry or Telemetry())
+        self.rescan_interval_s = rescan_interval_s
         self._chunks.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(parents=True, exist_ok=True)
         ns_file = root / "namespace.json"
@@ -186,12 +190,50 @@ class DiskTier(Tier):
                 self._index_drop(key)
             new = sorted((k for k in found if k not in self._index or k in self._unknown_parent),
                          key=lambda k: found[k][1])
-        with ThreadPoolExecutor(max_workers=8) as pool:
-            heads = list(pool.map(lambda k: diskio.read_header(self.path_of(k)), new))
-        for key, head in zip(new, heads):
-            self._index_add(key, found[key][0], head.parent if head else None, head is not None,
-                            head.num_tokens if head else 1)
+            hints = self._load_manifest() if new else {}
+            for key in new:   # serial raw reads beat a thread pool here (GIL + per-task overhead)
+                if key in hints:
+                    parent, known, tokens = hints[key], True, 1
+                else:
+                    head = diskio.read_header(self.path_of(key))
+                    parent, known, tokens = (head.parent, True, head.num_tokens) if head else (None, False, 1)
+                self._index_add(key, found[key][0], parent, known, tokens)
         self._set_ledger(sum(size for size, _ in found.values()))
+        self._scanned_at = time.monotonic()
+
+    # -- manifest: a hint that saves reading 100k headers at open -----------------------------
+    _MANIFEST_REC = 64
+
+    def _load_manifest(self) -> dict[ChunkKey, ChunkKey | None]:
+        """key -> parent from ``manifest`` (written at close); {} if absent or damaged."""
+        try:
+            data = (self.root / "manifest").read_bytes()
+        except OSError:
+            return {}
+        body, digest = data[:-16], data[-16:]
+        if len(data) < 16 or len(body) % self._MANIFEST_REC or xxhash.xxh3_128_digest(body) != digest:
+            return {}
+        zero = bytes(32)
+        out: dict[ChunkKey, ChunkKey | None] = {}
+        for off in range(0, len(body), self._MANIFEST_REC):
+            parent = body[off + 32:off + 64]
+            out[ChunkKey(body[off:off + 32])] = None if parent == zero else ChunkKey(parent)
+        return out
+
+    def save_manifest(self) -> None:
+        """Atomically write (key, parent) of every indexed chunk with a known parent."""
+        zero = bytes(32)
+        with self._lock:
+            body = b"".join(k + (self._policy.parent(k) or zero) for k in self._index
+                            if k not in self._unknown_parent)
+        tmp = f"{self._tmp}/manifest.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(body + xxhash.xxh3_128_digest(body))
+            os.replace(tmp, self.root / "manifest")
+        except OSError as e:
+            _unlink_quiet(tmp)
+            self._tm.event("io_error", self.name, f"manifest: {e}")
 
     # -- Tier API -------------------------------------------------------------------------
     def contains(self, key: ChunkKey) -> bool:
@@ -309,8 +351,8 @@ class DiskTier(Tier):
                     while used + size > self.capacity:
                         with self._lock:   # never evict the new chunk's own parent
                             victim = self._policy.pick(exclude=lambda k: k == meta.parent)
-                        if victim is None:
-                            if rescanned:
+                        if victim is None:   # learn other processes' chunks, at most every rescan_interval_s
+                            if rescanned or time.monotonic() - self._scanned_at < self.rescan_interval_s:
                                 break
                             self._rescan_locked()
                             used, rescanned = self._ledger(), True
@@ -391,6 +433,7 @@ class DiskTier(Tier):
             return
         self._closed = True
         self._writers.close()
+        self.save_manifest()
         QUEUE_DEPTH.set(0)
         if self._ledger_fd >= 0:
             os.close(self._ledger_fd)

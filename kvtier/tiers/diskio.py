@@ -179,10 +179,14 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
 
 
 def read_header(path: str) -> ChunkMeta | None:
-    """The header of a chunk file (unverified payload), or None if unreadable/malformed."""
+    """The header of a chunk file (payload unverified), or None if unreadable/malformed."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(HEADER_SIZE)
-        return decode_header(data)
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return decode_header(os.pread(fd, HEADER_SIZE, 0))
     except (OSError, ChunkError):
         return None
+    finally:
+        os.close(fd)

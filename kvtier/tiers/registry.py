@@ -32,7 +32,7 @@ def build_disk(config: StoreConfig, namespace: Namespace, telemetry: Telemetry) 
         return None
     return DiskTier.open(d.path, namespace, d.capacity, fsync=d.fsync, o_direct=d.o_direct,
                          policy=config.eviction, writer_threads=d.writer_threads, queue_depth=d.queue_depth,
-                         telemetry=telemetry)
+                         rescan_interval_s=d.rescan_interval_s, telemetry=telemetry)
 
 
 TIER_BUILDERS: dict[str, TierBuilder] = {"memory": build_memory, "disk": build_disk}

@@ -1,0 +1,169 @@
+"""Fault injection: every fault on a cache path is a miss (or dropped put) plus a counted
+event, never an exception to the caller and never wrong bytes."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kvtier.chunk import HEADER_SIZE
+from kvtier.config import StoreConfig
+from kvtier.keys import Namespace, chunk_keys
+from kvtier.store import TieredStore
+from kvtier.tiers import diskio
+
+NS = Namespace("m", "f", "float32", "L", 4, 4)
+P = 10_000
+
+
+def disk_only(tmp: Path, **disk) -> StoreConfig:
+    return StoreConfig.model_validate({"chunk_size": 4, "memory": {"enabled": False},
+                                       "disk": {"enabled": True, "path": str(tmp), "capacity": 10**8, **disk}})
+
+
+def payload(i: int) -> bytes:
+    return np.random.default_rng(i).integers(0, 256, P, dtype=np.uint8).tobytes()
+
+
+@pytest.fixture
+def stored(tmp_path: Path):
+    keys = chunk_keys(NS, list(range(32)))
+    s = TieredStore.open(disk_only(tmp_path), NS)
+    for i, k in enumerate(keys):
+        assert s.put(k, keys[i - 1] if i else None, payload(i), num_tokens=4, shape=(P,), dtype="uint8")
+    assert s.flush(10)
+    yield s, keys
+    s.close()
+
+
+def events(s: TieredStore) -> dict[str, int]:
+    return {k.removeprefix("events."): v for k, v in s.stats()["counters"].items() if k.startswith("events.")}
+
+
+def _assert_miss_and_removed(s: TieredStore, key: bytes, kind: str) -> None:
+    assert s.get(key) is None
+    out = bytearray(P)
+    assert s.get_into(key, out) is None
+    assert events(s).get(kind, 0) >= 1
+    assert not os.path.exists(s.disk.path_of(key))          # bad chunk removed ...
+    assert s.lookup([key]).num_chunks == 0                   # ... and no longer promised
+
+
+@pytest.mark.parametrize("where", ["payload", "header", "trailer"])
+def test_corrupt_byte_is_a_counted_miss(stored, where: str) -> None:
+    s, keys = stored
+    path = s.disk.path_of(keys[1])
+    off = {"payload": HEADER_SIZE + 1234, "header": 200, "trailer": HEADER_SIZE + P + 10}[where]
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x40]))
+    _assert_miss_and_removed(s, keys[1], "corrupt")
+    assert bytes(s.get(keys[0])) == payload(0)               # neighbours unaffected
+
+
+def test_bad_magic_is_corrupt(stored) -> None:
+    s, keys = stored
+    with open(s.disk.path_of(keys[0]), "r+b") as f:
+        f.write(b"XXXX")
+    _assert_miss_and_removed(s, keys[0], "corrupt")
+
+
+@pytest.mark.parametrize("size", [0, 100, HEADER_SIZE + 50, HEADER_SIZE + P + 5])
+def test_truncated_file_is_torn(stored, size: int) -> None:
+    s, keys = stored
+    os.truncate(s.disk.path_of(keys[2]), size)
+    _assert_miss_and_removed(s, keys[2], "torn")
+
+
+def test_appended_garbage_is_torn(stored) -> None:
+    s, keys = stored
+    with open(s.disk.path_of(keys[2]), "ab") as f:
+        f.write(b"junk")
+    _assert_miss_and_removed(s, keys[2], "torn")
+
+
+def test_missing_file_is_a_counted_miss(stored) -> None:
+    s, keys = stored
+    assert keys[4] in s.disk.keys()                          # indexed ...
+    os.unlink(s.disk.path_of(keys[4]))                       # ... then removed underneath (other process, rm)
+    out = bytearray(P)
+    assert s.get_into(keys[4], out) is None and events(s)["missing"] == 1
+    assert keys[4] not in s.disk.keys()
+    os.unlink(s.disk.path_of(keys[3]))
+    assert s.lookup(keys).num_chunks == 3 and s.get(keys[3]) is None
+
+
+def test_chunk_under_another_key_name_is_wrong_key(stored) -> None:
+    s, keys = stored
+    shutil.copy(s.disk.path_of(keys[0]), s.disk.path_of(keys[5]))
+    _assert_miss_and_removed(s, keys[5], "wrong_key")
+
+
+def test_foreign_namespace_chunk_is_refused(stored, tmp_path: Path) -> None:
+    s, keys = stored
+    other = Namespace("m", "other-weights", "float32", "L", 4, 4)
+    with TieredStore.open(disk_only(tmp_path), other) as t:
+        okeys = chunk_keys(other, list(range(12)))
+        # plant NS's chunk file under the other namespace's file name for the same tokens
+        dst = t.disk.path_of(okeys[0])
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copy(s.disk.path_of(keys[0]), dst)
+        assert t.lookup(okeys).num_chunks == 1                   # the file exists ...
+        assert t.get(okeys[0]) is None                            # ... but is never served
+        assert events(t)["namespace_mismatch"] == 1
+        assert not os.path.exists(dst)
+
+
+def test_enospc_drops_the_put(tmp_path: Path, monkeypatch) -> None:
+    keys = chunk_keys(NS, list(range(8)))
+    with TieredStore.open(disk_only(tmp_path), NS) as s:
+        def full(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(diskio.os, "writev", full)
+        assert s.put(keys[0], None, payload(0), num_tokens=4, shape=(P,), dtype="uint8")  # queued
+        assert s.flush(10)
+        assert events(s)["enospc"] == 1
+        assert s.lookup(keys).num_chunks == 0 and s.get(keys[0]) is None
+        assert os.listdir(s.disk.root / "tmp") == []            # no partial temp file left
+        assert not s.disk.put(s_meta(keys[0]), payload(0))      # sync path: False, no exception
+        monkeypatch.undo()
+        assert s.disk.put(s_meta(keys[0]), payload(0))
+        assert bytes(s.get(keys[0])) == payload(0)
+
+
+def test_read_io_error_is_a_miss(stored, monkeypatch) -> None:
+    s, keys = stored
+
+    def eio(*a, **k):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(diskio.os, "preadv", eio)
+    assert s.get(keys[0]) is None and events(s)["io_error"] >= 1
+    monkeypatch.undo()
+    assert bytes(s.get(keys[0])) == payload(0)                 # a transient error does not delete
+
+
+def test_full_queue_drops_and_counts(tmp_path: Path, monkeypatch) -> None:
+    keys = chunk_keys(NS, list(range(40)))
+    with TieredStore.open(disk_only(tmp_path, queue_depth=2, writer_threads=1), NS) as s:
+        import threading
+        gate = threading.Event()
+        real = s.disk.write
+        monkeypatch.setattr(s.disk, "write", lambda m, p: gate.wait(10) and real(m, p))
+        results = [s.put(k, None, payload(i), num_tokens=4, shape=(P,), dtype="uint8")
+                   for i, k in enumerate(keys)]
+        gate.set()
+        assert s.flush(10)
+        assert results.count(False) >= len(keys) - 3          # 1 in the writer + 2 queued
+        assert events(s)["dropped_store"] == results.count(False)
+
+
+def s_meta(key: bytes):
+    from kvtier.chunk import ChunkMeta
+    return ChunkMeta(key, None, 4, (P,), "uint8", P)
