@@ -31,7 +31,7 @@ import httpx
 
 from kvtier.bench.client import (CONNECT_ERROR, ClientOptions, RequestRecord, discover_model, make_http_client,
                                  send_turn)
-from kvtier.bench.server_metrics import scrape, server_delta
+from kvtier.bench.server_metrics import scrape_all, server_delta
 from kvtier.bench.summary import summarize
 from kvtier.workload.format import Conversation, WorkloadError, iter_conversations, read_header
 
@@ -58,6 +58,7 @@ class ReplayOptions:
     drain_timeout_s: float = 60.0
     model: str | None = None                  # None: first id from GET /v1/models
     metrics_url: str | None = None            # None: <url>/metrics
+    extra_metrics_urls: tuple[str, ...] = ()  # more /metrics endpoints (kvtier's own port)
     client: ClientOptions = field(default_factory=ClientOptions)
     progress: bool = True
     windows: int = 10                         # hit-rate-over-time windows
@@ -161,8 +162,7 @@ def _rotate(convs: Sequence[Conversation], offset: int) -> list[Conversation]:
 def _arrivals(convs: list[Conversation], opts: ReplayOptions) -> Iterator[tuple[float, Conversation]]:
     if opts.mode == "trace":
         def first(c: Conversation) -> float:
-            t = c.turns[0].arrival_s
-            return (t if t is not None else c.arrival_s) * opts.time_scale
+            return max(c.arrival_s, c.turns[0].arrival_s or 0.0) * opts.time_scale
         yield from sorted(((first(c), c) for c in convs), key=lambda x: x[0])
         return
     rng = random.Random(opts.seed)
@@ -178,7 +178,7 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
     """Replay already-loaded conversations against ``url`` (the server root)."""
     opts.validate()
     convs = _rotate(convs, opts.conversation_offset)
-    metrics_url = opts.metrics_url or f"{url.rstrip('/')}/metrics"
+    metrics_urls = [opts.metrics_url or f"{url.rstrip('/')}/metrics", *opts.extra_metrics_urls]
     async with make_http_client(url, opts.client) as client:
         model = opts.model
         if model is None or opts.stop_on_connect_error:
@@ -192,7 +192,7 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
             except (httpx.HTTPError, ValueError, KeyError) as e:
                 if model is None:
                     raise ReplayError(f"cannot discover the model at {url}/v1/models ({e}); pass --model") from None
-        before = await scrape(client, metrics_url)
+        before = await scrape_all(client, metrics_urls)
 
         def record(rec: RequestRecord) -> None:
             on_record(rec)
@@ -234,7 +234,7 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
             cancelled = sum(not t.done() for t in tasks)
             await asyncio.gather(*tasks, return_exceptions=True)
         duration = run.now()
-        after = await scrape(client, metrics_url)
+        after = await scrape_all(client, metrics_urls)
     reason = run.stopped_reason or "workload exhausted"
     server = server_delta(before, after)
     extra = {"mode": opts.mode, "concurrency": opts.concurrency if opts.mode == "closed" else None,
@@ -283,7 +283,7 @@ def run_replay(workload: str | Path, url: str, opts: ReplayOptions, out_dir: str
     records_path = out / "requests.jsonl"
     total = sum(len(c.turns) for c in convs)
     planned = min(total, opts.max_requests) if opts.max_requests else total
-    with records_path.open("w") as fh, _progress_bar(planned, opts.progress) as bar:
+    with records_path.open("w") as fh, progress_bar(planned, opts.progress) as bar:
         def on_record(rec: RequestRecord) -> None:
             fh.write(rec.to_json() + "\n")
             fh.flush()
@@ -298,14 +298,14 @@ def run_replay(workload: str | Path, url: str, opts: ReplayOptions, out_dir: str
     return result
 
 
-class _progress_bar:
+class progress_bar:
     """A rich progress bar fed one record at a time (a no-op when disabled)."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled = total, enabled
         self.ok = self.failed = 0
 
-    def __enter__(self) -> "_progress_bar":
+    def __enter__(self) -> "progress_bar":
         if self.enabled:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
             self._p = Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(),

@@ -1,7 +1,7 @@
 """Server-side counters from Prometheus ``/metrics``, snapshotted before and after a run.
 
-A ``MetricsSnapshot`` maps sample name -> value summed over label sets (so multi-engine
-or per-model labels collapse). ``server_delta`` turns two snapshots into the server's own
+A ``MetricsSnapshot`` maps sample name -> value (vLLM samples summed over label sets, so
+multi-engine or per-model labels collapse; ``kvtier_*`` samples keep their labels). ``server_delta`` turns two snapshots into the server's own
 view of the run: prefix-cache token hit rate, mean TTFT from vLLM's histogram, and the
 change of every ``kvtier_*`` sample.
 """
@@ -37,12 +37,17 @@ class MetricsSnapshot:
 
 
 def parse_metrics(text: str) -> MetricsSnapshot:
+    """vLLM samples are summed over label sets; ``kvtier_*`` samples keep their labels
+    (``kvtier_store_hits_total{tier=disk}``). Histogram buckets and ``_created`` are dropped."""
     samples: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.startswith(_TRACKED_PREFIXES) and not s.name.endswith("_created"):
-                key = s.name if not s.labels.get("le") else f"{s.name}{{le={s.labels['le']}}}"
-                samples[key] = samples.get(key, 0.0) + float(s.value)
+            if not s.name.startswith(_TRACKED_PREFIXES) or s.name.endswith(("_created", "_bucket")):
+                continue
+            key = s.name
+            if s.name.startswith("kvtier_") and s.labels:
+                key += "{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}"
+            samples[key] = samples.get(key, 0.0) + float(s.value)
     return MetricsSnapshot(samples)
 
 
@@ -54,6 +59,19 @@ async def scrape(client: httpx.AsyncClient, url: str) -> MetricsSnapshot:
         return parse_metrics(r.text)
     except (httpx.HTTPError, ValueError) as e:
         return MetricsSnapshot(error=f"{url}: {type(e).__name__}: {e}")
+
+
+async def scrape_all(client: httpx.AsyncClient, urls: list[str]) -> MetricsSnapshot:
+    """Scrape several endpoints (vLLM's, kvtier's own) into one snapshot; samples add up."""
+    samples: dict[str, float] = {}
+    errors = []
+    for url in urls:
+        snap = await scrape(client, url)
+        for k, v in snap.samples.items():
+            samples[k] = samples.get(k, 0.0) + v
+        if snap.error:
+            errors.append(snap.error)
+    return MetricsSnapshot(samples, "; ".join(errors) or None)
 
 
 def _delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> float | None:

@@ -180,10 +180,11 @@ def test_bad_options_are_rejected(tmp_path, kw, msg):
 
 
 def test_hit_rate_over_time_shows_warm_up(tmp_path):
-    # the same 2 conversations replayed twice over: the second pass is fully cached
+    # 2 conversations, then the same 2 three more times: everything after the first pass is
+    # fully cached, and the last half of the run (by time) holds repeats only
     wl = make_workload(tmp_path / "w.jsonl", n_conv=2, n_turns=2)
-    convs = wl.read_text().splitlines()
-    wl.write_text("\n".join(convs + convs[1:]) + "\n")
+    lines = wl.read_text().splitlines()
+    wl.write_text("\n".join(lines + lines[1:] * 3) + "\n")
     with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.05)) as srv:
         res = run_replay(wl, srv.url, opts(concurrency=1, windows=2), tmp_path / "out")
     s = res.summary

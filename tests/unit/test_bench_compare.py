@@ -1,0 +1,101 @@
+"""compare: config parsing, per-config fresh servers (fake launcher), speedups and the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvtier.bench.compare import load_compare_specs, run_compare
+from kvtier.bench.replay import ReplayOptions
+from kvtier.bench.slo import SloOptions
+from kvtier.config import ConfigError
+from kvtier.server import ServerError, ServerSpec, VllmServer
+from tests.unit.test_bench_replay import make_workload
+
+FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def test_load_compare_specs_with_defaults_and_kvtier(tmp_path):
+    (tmp_path / "kv.yaml").write_text("store: {chunk_size: 128}\n")
+    p = tmp_path / "c.yaml"
+    p.write_text("""
+defaults: {kv_cache_space_gib: 1.5, max_model_len: 2048, model: /m}
+configs:
+  - name: base
+    enable_prefix_caching: false
+  - name: kv
+    kvtier_config_file: kv.yaml
+    kvtier: {store: {disk: {enabled: true}}}
+    extra_args: [--max-num-seqs, "4"]
+""")
+    base, kv = load_compare_specs(p)
+    assert base == ServerSpec(name="base", model="/m", max_model_len=2048, kv_cache_space_gib=1.5,
+                              enable_prefix_caching=False)
+    assert kv.kvtier_config == {"store": {"chunk_size": 128, "disk": {"enabled": True}}}
+    assert kv.extra_args == ("--max-num-seqs", "4")
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("- {name: a}\n- {name: a}\n", "unique"),
+    ("- {name: a, bogus: 1}\n", "bogus"),
+    ("- {name: a, kvtier: {store: {chunk_size: 0}}}\n", "kvtier.store.chunk_size"),
+    ("[]\n", "non-empty list"),
+    ("configs: [{name: a}]\nextra: 1\n", "unknown top-level"),
+])
+def test_bad_compare_configs_are_clear(tmp_path, text, msg):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=msg):
+        load_compare_specs(p, model="/m")
+
+
+def fake_launcher(delays: dict[str, float], seen: list):
+    """Start the fake server script as the 'vLLM' of each spec; first-token delay by config name."""
+    def start(spec: ServerSpec, log_path, ready_timeout_s: float):
+        seen.append(spec)
+        if spec.name not in delays:
+            raise ServerError(f"server {spec.name!r} exited with code 1 during startup; last log lines:\nboom")
+        if spec.kvtier_config:
+            disk = Path(spec.kvtier_config["store"]["disk"]["path"])
+            assert disk.is_dir() and not any(disk.iterdir()), "disk tier dir must be fresh and empty"
+        cmd = [sys.executable, FAKE, "--port", "{port}", "--first-token-delay", str(delays[spec.name])]
+        return VllmServer.start(spec, log_path, ready_timeout_s=ready_timeout_s, command=cmd,
+                                env={**os.environ, "PYTHONPATH": ROOT})
+    return start
+
+
+def test_run_compare_writes_report_with_speedups(tmp_path):
+    wl = make_workload(tmp_path / "w.jsonl", n_conv=6, n_turns=3)
+    specs = [ServerSpec(name="baseline", model="/m"),
+             ServerSpec(name="broken", model="/m"),
+             ServerSpec(name="kvtier-disk", model="/m", kvtier_config={"store": {"disk": {"enabled": True}}})]
+    seen: list[ServerSpec] = []
+    out = tmp_path / "cmp"
+    res = run_compare(wl, specs, out, ReplayOptions(concurrency=3, progress=False),
+                      slo=SloOptions(slo_s=0.5, max_load=4, requests_per_point=8),
+                      start_server=fake_launcher({"baseline": 0.2, "kvtier-disk": 0.05}, seen), ready_timeout_s=30)
+    assert [r.name for r in res.runs] == ["baseline", "broken", "kvtier-disk"]
+    base, broken, kv = res.runs
+    assert base.summary["requests_ok"] == 18 and kv.summary["requests_ok"] == 18
+    assert broken.error and "boom" in broken.error and broken.summary is None
+    assert res.speedups["kvtier-disk"]["ttft_mean"] > 2.0  # 0.2 s vs 0.05 s first-token delay
+    assert res.speedups["baseline"]["ttft_mean"] == pytest.approx(1.0)
+    # the fresh disk dir was created for the run and removed afterwards
+    disk = Path(seen[-1].kvtier_config["store"]["disk"]["path"])
+    assert disk.parent == out / "kvtier-disk" and not disk.exists()
+    data = json.loads((out / "compare.json").read_text())
+    assert data["baseline"] == "baseline" and data["configs"][1]["error"]
+    assert data["configs"][2]["slo"]["best_load"] == 4
+    for f in ("report.md", "ttft_cdf.png", "ttft_vs_prompt.png", "hit_rate_over_time.png", "slo_curve.png",
+              "baseline/requests.jsonl", "baseline/summary.json", "baseline/server.log",
+              "kvtier-disk/slo/slo.json"):
+        assert (out / f).exists(), f
+        assert (out / f).stat().st_size > 0, f
+    report = (out / "report.md").read_text()
+    assert "| kvtier-disk |" in report and "failed:" in report and "![ttft_cdf](ttft_cdf.png)" in report
+    assert (out / "ttft_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

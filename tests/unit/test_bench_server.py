@@ -1,0 +1,99 @@
+"""The vLLM launcher's process logic, exercised with a fake server command (no vLLM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kvtier.server import ServerError, ServerSpec, VllmServer, build_command, kv_transfer_config
+
+FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def fake_cmd(*extra: str) -> list[str]:
+    return [sys.executable, FAKE, "--port", "{port}", *extra]
+
+
+def fake_env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": ROOT}
+
+
+def spec(**kw) -> ServerSpec:
+    return ServerSpec(name="t", model="/models/m", **kw)
+
+
+def test_build_command_for_plain_vllm():
+    cmd = build_command(spec(max_model_len=2048, max_num_batched_tokens=512, dtype="float32",
+                             extra_args=("--max-num-seqs", "8")), port=8123)
+    assert cmd[:3] == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    s = " ".join(cmd)
+    for part in ("--model /models/m", "--enforce-eager", "--port 8123", "--host 127.0.0.1",
+                 "--max-model-len 2048", "--max-num-batched-tokens 512", "--dtype float32",
+                 "--enable-prompt-tokens-details", "--enable-prefix-caching", "--max-num-seqs 8"):
+        assert part in s
+    assert "--kv-transfer-config" not in cmd
+    assert "--no-enable-prefix-caching" in build_command(spec(enable_prefix_caching=False), port=1)
+
+
+def test_build_command_with_kvtier_connector():
+    cfg = {"store": {"chunk_size": 256}}
+    cmd = build_command(spec(kvtier_config=cfg), port=9000)
+    ktc = json.loads(cmd[cmd.index("--kv-transfer-config") + 1])
+    assert ktc == kv_transfer_config(cfg) == {
+        "kv_connector": "KvtierConnector", "kv_connector_module_path": "kvtier.integrations.vllm.connector",
+        "kv_role": "kv_both", "kv_connector_extra_config": {"kvtier_config": cfg}}
+
+
+def test_build_command_needs_a_port():
+    with pytest.raises(ValueError, match="port"):
+        build_command(spec())
+
+
+def test_start_waits_for_health_and_stop_kills_the_group(tmp_path):
+    log = tmp_path / "server.log"
+    server = VllmServer.start(spec(), log, command=fake_cmd("--startup-delay", "1.0"), env=fake_env(),
+                              ready_timeout_s=30)
+    with server:
+        assert server.running
+        assert httpx.get(f"{server.base_url}/health").status_code == 200
+        assert "vllm:prefix_cache_hits_total" in server.metrics_text()
+    assert not server.running
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.base_url}/health", timeout=2)
+    assert "fake server on port" in log.read_text()
+
+
+def test_port_busy_is_a_clear_error(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ServerError, match="port busy"):
+            VllmServer.start(spec(port=port), tmp_path / "log", command=fake_cmd(), env=fake_env())
+
+
+def test_process_dying_at_startup_fails_fast_with_log_tail(tmp_path):
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-c", "import sys; print('model weights missing: boom', flush=True); sys.exit(3)"]
+    with pytest.raises(ServerError, match=r"(?s)exited with code 3.*model weights missing: boom"):
+        VllmServer.start(spec(), tmp_path / "log", command=cmd, ready_timeout_s=60)
+    assert time.monotonic() - t0 < 15
+
+
+def test_readiness_timeout_kills_the_process(tmp_path):
+    marker = tmp_path / "pid"
+    cmd = [sys.executable, "-c", f"import os,time; open({str(marker)!r},'w').write(str(os.getpid())); time.sleep(60)"]
+    with pytest.raises(ServerError, match="not ready after"):
+        VllmServer.start(spec(), tmp_path / "log", command=cmd, ready_timeout_s=1.5)
+    pid = int(marker.read_text())
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
