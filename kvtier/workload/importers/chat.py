@@ -12,7 +12,7 @@ Accepted item shapes (liberal in what we accept):
 Messages become turns: leading assistant messages are dropped, consecutive messages of
 one role are merged, each user message pairs with the following assistant message (a
 trailing user message gets an empty reply). ShareGPT splits long chats into parts with ids
-``X_0``, ``X_1``...; adjacent parts are merged back (``merge_parts``).
+``X_0``, ``X_1``...; adjacent parts are merged back (``merge_parts``, default on for ShareGPT only).
 Arrivals: Poisson at ``rate`` conversations/s; think times exponential with mean
 ``think_time_s`` (seeded). ``max_tokens`` = the reply's approx tokens (chars/4), clipped.
 """
@@ -42,7 +42,7 @@ class ChatImportOptions:
     max_output_tokens: int = 512
     rate: float = 1.0
     think_time_s: float = 5.0
-    merge_parts: bool = True
+    merge_parts: bool | None = None  # None: True for ShareGPT (ids X_0, X_1...), else False
     seed: int = 0
 
 
@@ -144,7 +144,8 @@ def import_chat_file(path: str | Path, opts: ChatImportOptions, kind: str
     report = ReadReport()
     out: list[Conversation] = []
     t = 0.0
-    for n, (cid, msgs) in enumerate(_merged(_conversation_items(p, report), opts.merge_parts)):
+    merge = opts.merge_parts if opts.merge_parts is not None else kind == "sharegpt"
+    for n, (cid, msgs) in enumerate(_merged(_conversation_items(p, report), merge)):
         if opts.max_conversations is not None and len(out) >= opts.max_conversations:
             break
         arrival = t + (rng.expovariate(opts.rate) if out else 0.0)
