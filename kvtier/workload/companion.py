@@ -189,17 +189,13 @@ class _Chat:
         return f"{text} {self.fill(self.question_deck.draw())}"
 
 
-def _prompt_tokens(approx: ApproxTokenizer, conv: Conversation, k: int) -> int:
-    return len(approx.render_chat(conv.chat_messages(k)))
-
-
 def generate_companion(spec: CompanionSpec) -> tuple[WorkloadHeader, list[Conversation]]:
     """Build the workload described by ``spec`` (see module docstring)."""
     spec.validate()
     rng = random.Random(spec.seed)
     personas = make_personas(spec, rng)
     weights = [1.0 / (i + 1) ** 0.8 for i in range(len(personas))]
-    approx = ApproxTokenizer()
+    msg_len, gen_len = ApproxTokenizer.message_length, ApproxTokenizer.GENERATION_PROMPT_LENGTH
     conversations: list[Conversation] = []
     t = 0.0
     for ci in range(spec.conversations):
@@ -222,6 +218,8 @@ def generate_companion(spec: CompanionSpec) -> tuple[WorkloadHeader, list[Conver
                                       "category": chat.theme, "user": chat.profile.name, "resumed": resumed},
                             turns=[Turn(user="")])
         turns: list[Turn] = []
+        # approx prompt length of the next turn = history so far + its user message + generation prompt
+        history_len = msg_len("system", persona.prompt) + sum(msg_len(h.role, h.content) for h in history)
         for k in range(n_turns):
             category, tt = chat.category(k), chat.turn_tone()
             ut = int(_lognormal(rng, spec.user_tokens, 0.5, 4, spec.user_tokens * 4))
@@ -233,13 +231,13 @@ def generate_companion(spec: CompanionSpec) -> tuple[WorkloadHeader, list[Conver
             turn = Turn(user=chat.user(k, category, tt, ut), assistant=reply, think_time_s=round(think, 3),
                         max_tokens=max(8, min(1024, approx_token_count(reply))),
                         metadata={"category": category, "tone": tt})
-            conv.turns = turns + [turn]
-            if _prompt_tokens(approx, conv, k) > spec.max_prompt_tokens:
+            if history_len + msg_len("user", turn.user or "") + gen_len > spec.max_prompt_tokens:
                 break
             turns.append(turn)
-        if not turns:  # the resumed history alone is too long: drop history, keep one turn
+            history_len += msg_len("user", turn.user or "") + msg_len("assistant", turn.assistant)
+        if not turns:  # the resumed history alone is too long: drop the history, keep one turn
             conv.history = []
-            turns = [conv.turns[-1]]
+            turns = [turn]
         conv.turns = turns
         conversations.append(conv)
     header = WorkloadHeader(name="companion", description="AI-companion chat (character.ai-style), synthetic",

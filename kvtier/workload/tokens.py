@@ -9,9 +9,10 @@ with the generation prompt appended).
 * ``ApproxTokenizer`` needs nothing: a deterministic stand-in where one token is four
   characters of text (``len(text)/4`` rounded up), ids are stable 31-bit hashes of those
   4-character pieces, and a chat prompt is ChatML-like: for each message
-  ``<|im_start|>`` + role + content + ``<|im_end|>`` (each marker one token), then
-  ``<|im_start|>assistant``. Messages are encoded separately, so a prompt that extends
-  another's messages extends its token ids too (prefix-stable, like real templates).
+  ``<|im_start|>`` + ``role\n`` + content + ``<|im_end|>`` (markers one token each; role
+  header and content encoded separately), then the generation prompt
+  ``<|im_start|>assistant\n``. So a prompt that extends another's messages extends its
+  token ids too, generation prompt included (prefix-stable, like real templates).
 
 Tests pass their own object with the same three methods (a "fake tokenizer").
 """
@@ -64,11 +65,20 @@ class ApproxTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return "".join(self._pieces.get(i, "") for i in ids)
 
+    @classmethod
+    def message_length(cls, role: str, content: str) -> int:
+        """Tokens one message adds to ``render_chat``: 2 markers + role header + content."""
+        n = cls.CHARS_PER_TOKEN
+        return 2 + -(-(len(role) + 1) // n) + -(-len(content) // n)
+
+    GENERATION_PROMPT_LENGTH = 1 + -(-len("assistant\n") // CHARS_PER_TOKEN)
+
     def render_chat(self, messages: list[Message]) -> list[int]:
         out: list[int] = []
         for m in messages:
             out.append(self._SPECIAL["<|im_start|>"])
-            out.extend(self.encode(m["role"] + "\n" + m["content"]))
+            out.extend(self.encode(m["role"] + "\n"))
+            out.extend(self.encode(m["content"]))
             out.append(self._SPECIAL["<|im_end|>"])
         out.append(self._SPECIAL["<|im_start|>"])
         out.extend(self.encode("assistant\n"))
