@@ -67,6 +67,18 @@ def config_from_extra(extra: dict[str, Any] | None) -> KvtierConfig:
     return load_config(extra.get("kvtier_config_file"), overrides=overrides)
 
 
+def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
+    """Approximate KV bytes of one chunk (all layers), to bound the worker-keys set."""
+    try:
+        mc = vllm_config.model_config
+        layers = mc.get_num_layers(vllm_config.parallel_config)
+        heads = mc.get_num_kv_heads(vllm_config.parallel_config)
+        itemsize = 2 if "16" in str(mc.dtype) else 4
+        return max(1, 2 * layers * heads * mc.get_head_size() * itemsize * chunk_size)
+    except Exception:  # an exotic model config: a conservative default
+        return 1 << 20
+
+
 class KvtierConnector(KVConnectorBase_V1):
     _cache_hit_source = CacheHitSource.DISK
 
@@ -76,6 +88,13 @@ class KvtierConnector(KVConnectorBase_V1):
         from kvtier.store import shared_store
 
         self.config = config_from_extra(self._kv_transfer_config.kv_connector_extra_config)
+        if role == KVConnectorRole.SCHEDULER and self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            # vLLM 0.32 defaults to "fail"; for a cache, a chunk that cannot be loaded must be
+            # recomputed, never fail the request. The scheduler reads the policy right after
+            # constructing the connector.
+            log.info("kvtier: setting kv_load_failure_policy='recompute' (was %r)",
+                     self._kv_transfer_config.kv_load_failure_policy)
+            self._kv_transfer_config.kv_load_failure_policy = "recompute"
         cfg = self.config
         block_size = int(vllm_config.cache_config.block_size)
         layout = engine_layout(vllm_config, kv_cache_config)
@@ -86,18 +105,26 @@ class KvtierConnector(KVConnectorBase_V1):
             log.error("kvtier: %d KV cache groups (hybrid model) are not supported; connector inactive",
                       len(groups))
         self.metrics = ConnectorMetrics()
-        self.store = shared_store(cfg.store, self.namespace)
+        # With vLLM's multiprocess executor (the default on CPU) the worker runs in another
+        # process: the scheduler then sees the SSD tier directly and the worker's RAM tier only
+        # through the keys the worker reports, so it opens no RAM tier of its own.
+        backend = str(getattr(vllm_config.parallel_config, "distributed_executor_backend", "") or "")
+        self._worker_elsewhere = role == KVConnectorRole.SCHEDULER and backend != "uni"
+        store_cfg = cfg.store
+        if self._worker_elsewhere and store_cfg.memory.enabled:
+            store_cfg = store_cfg.model_copy(update={"memory": store_cfg.memory.model_copy(update={"enabled": False})})
+        self.store = shared_store(store_cfg, self.namespace)
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
         if role == KVConnectorRole.SCHEDULER:
             mem = cfg.store.memory
-            approx_chunk = 1 << 20  # refined once a worker reports; bounds the remembered-keys set
+            chunk_bytes = _chunk_bytes(vllm_config, self.namespace.chunk_size)
             self._sched = SchedulerSide(
                 self.store, self.namespace, block_size=block_size, save=cfg.connector.save,
                 min_hit_chunks=cfg.connector.min_hit_chunks, metrics=self.metrics,
                 request_log=RequestLog(cfg.connector.request_log),
-                worker_key_capacity=(mem.capacity // approx_chunk) if mem.enabled else 0)
+                worker_key_capacity=(mem.capacity // chunk_bytes) if mem.enabled and self._worker_elsewhere else 0)
             port = cfg.metrics.port
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
