@@ -215,7 +215,7 @@ def _print_stats(st, file: Path) -> None:
     summary = Table(title=f"workload {st.name} ({file})", show_header=False)
     for k, v in (("conversations", st.conversations), ("requests", st.requests),
                  ("prompt tokens (total)", f"{st.total_prompt_tokens:,}"),
-                 ("tokenizer", Path(st.tokenizer).name if "/" in st.tokenizer else st.tokenizer),
+                 ("tokenizer", Path(st.tokenizer).name if Path(st.tokenizer).is_dir() else st.tokenizer),
                  ("span of arrivals (s)", f"{st.duration_s:.1f}"),
                  (f"ideal prefix hit rate (block {st.block_size})", f"{st.ideal_hit_rate:.1%}")):
         summary.add_row(k, str(v))

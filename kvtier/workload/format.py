@@ -11,9 +11,11 @@ conversation::
         {"user_token_ids": [1, 2, 3], "assistant": "...", ...}
      ]}
 
-Turn k of a conversation is sent as the system prompt + all earlier turns' user and
-*workload* assistant messages + turn k's user message, so every server configuration
-sees identical prompts. ``arrival_s`` is the conversation's arrival hint (open-loop
+Turn k of a conversation is sent as the system prompt + the conversation's ``history``
+(earlier messages of a resumed chat, optional) + all earlier turns' user and *workload*
+assistant messages + turn k's user message, so every server configuration sees identical
+prompts. Conversations and turns may carry free-form ``metadata``. Full reference:
+docs/workload-format.md. ``arrival_s`` is the conversation's arrival hint (open-loop
 replay, trace timestamps); ``think_time_s`` is the pause after the previous turn
 finished. A turn may carry token ids instead of text (``prompt_token_ids``: the full
 prompt, for completions-API replay of traces such as Mooncake).
