@@ -21,9 +21,11 @@ app.add_typer(bench_app, name="bench")
 # (module, group) — group is None for top-level commands.
 COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
     ("kvtier.commands.basic", None),          # doctor, generate
-    ("kvtier.commands.bench_cmd", "bench"),        # run, slo, compare
     ("kvtier.commands.workload_cmd", "workload"),  # companion, longdoc, import, stats
     ("kvtier.commands.bench_cmd", "bench"),        # run, slo, compare
+    ("kvtier.commands.serve_cmd", None),           # serve (vLLM + kvtier connector)
+    ("kvtier.commands.stats_cmd", None),           # stats (connector/store metrics)
+    ("kvtier.commands.ttft_cmd", "bench"),         # bench ttft
 )
 
 _GROUPS = {None: app, "workload": workload_app, "bench": bench_app}

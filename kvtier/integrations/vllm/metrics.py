@@ -21,7 +21,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Iterable
 
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 
@@ -30,9 +29,9 @@ log = logging.getLogger("kvtier.connector")
 _LAT = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 _BYTES = tuple(float(2**i) for i in range(16, 34, 2))
 
-LOOKUPS = Counter("kvtier_connector_lookups_total", "Scheduler lookups (get_num_new_matched_tokens)")
-LOOKUP_TOKENS = Counter("kvtier_connector_lookup_tokens_total", "Prompt tokens looked up")
-HIT_TOKENS = Counter("kvtier_connector_hit_tokens_total", "Tokens claimed as loadable, by tier", ["tier"])
+LOOKUPS = Counter("kvtier_connector_lookups_total", "Scheduler lookups (get_num_new_matched_tokens calls)")
+LOOKUP_TOKENS = Counter("kvtier_connector_lookup_tokens_total", "Prompt tokens of admitted requests")
+HIT_TOKENS = Counter("kvtier_connector_hit_tokens_total", "Tokens admitted as kvtier hits, by tier", ["tier"])
 LOADED_TOKENS = Counter("kvtier_connector_loaded_tokens_total", "Tokens copied into vLLM blocks")
 LOAD_BYTES = Counter("kvtier_connector_load_bytes_total", "KV bytes copied into vLLM blocks")
 STORE_BYTES = Counter("kvtier_connector_store_bytes_total", "KV bytes handed to the store")
@@ -47,14 +46,14 @@ SAVE_SECONDS = Histogram("kvtier_connector_save_seconds", "Per-chunk gather + pu
 class ConnectorMetrics:
     """Thin recording API; one instance per connector half."""
 
-    def lookup(self, prompt_tokens: int, claimed_tokens: int, tiers: Iterable[str]) -> None:
+    def lookup(self) -> None:
         LOOKUPS.inc()
+
+    def admitted(self, prompt_tokens: int, hit_tokens_by_tier: dict[str, int]) -> None:
+        """A request was admitted by the scheduler with these kvtier hits (counted once per admission)."""
         LOOKUP_TOKENS.inc(prompt_tokens)
-        if claimed_tokens:
-            tiers = list(tiers) or ["unknown"]
-            per = claimed_tokens / len(tiers)
-            for t in tiers:
-                HIT_TOKENS.labels(t).inc(per)
+        for tier, n in hit_tokens_by_tier.items():
+            HIT_TOKENS.labels(tier).inc(n)
 
     def loaded(self, nbytes: int, seconds: float, tokens: int) -> None:
         LOADED_TOKENS.inc(tokens)

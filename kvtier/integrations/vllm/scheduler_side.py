@@ -162,7 +162,7 @@ class SchedulerSide:
         claim = max(0, hit_tokens - num_computed_tokens)
         st.claim_start, st.claim_end = (num_computed_tokens, hit_tokens) if claim else (0, 0)
         if self.metrics:
-            self.metrics.lookup(request.num_prompt_tokens, claim, tiers[num_computed_tokens // self.chunk_size:usable])
+            self.metrics.lookup()
         return claim
 
     def hit_tiers(self, request: Any, num_external_tokens: int) -> dict[str, int]:
@@ -183,6 +183,8 @@ class SchedulerSide:
         if st is None:
             return
         st.next_save_chunk = max(st.next_save_chunk, st.stored_chunks)  # never re-save what the store holds
+        if self.metrics:
+            self.metrics.admitted(request.num_prompt_tokens, self.hit_tiers(request, num_external_tokens))
         if num_external_tokens <= 0:
             st.pending_load = None
             return

@@ -1,0 +1,60 @@
+"""``kvtier bench ttft``: TTFT of vanilla vLLM, its prefix cache, kvtier (RAM, SSD) and ExampleConnector."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+
+
+def ttft(
+    lengths: str = typer.Option("1024,4096,8192", help="Comma-separated prompt lengths in tokens (max 8192)."),
+    repeats: int = typer.Option(3, min=1, help="Distinct prompts per length; figures are medians."),
+    dtype: str = typer.Option("float32", help="Model dtype (float32 or bfloat16)."),
+    model: Path = typer.Option(None, help="HF model folder (default: the bundled model)."),
+    workdir: Path = typer.Option(None, help="Scratch directory for caches and engine logs "
+                                 "(default: <kvtier home>/bench/ttft; wiped first)."),
+    json_path: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
+    md_path: Path = typer.Option(None, "--md", help="Write a Markdown table here."),
+    example: bool = typer.Option(True, "--example/--no-example", help="Also measure vLLM's ExampleConnector."),
+    timeout_s: float = typer.Option(1800, help="Per-engine timeout in seconds."),
+) -> None:
+    """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
+    try:
+        ns = [int(x) for x in lengths.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"--lengths must be comma-separated integers, got {lengths!r}") from None
+    if not ns or any(n < 300 or n > 8192 for n in ns):
+        raise typer.BadParameter("--lengths must each be between 300 and 8192 tokens")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise typer.BadParameter(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    from kvtier.bench.ttft import report_json, report_markdown, run_ttft
+    from kvtier.config import kvtier_home
+    from kvtier.model import default_model_path
+
+    model = model or default_model_path()
+    if not (model / "config.json").is_file():
+        err.print(f"[red]model folder {model} has no config.json (run `make setup`)[/]")
+        raise typer.Exit(2)
+    workdir = workdir or kvtier_home() / "bench" / "ttft"
+    command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    report = run_ttft(str(model), workdir, ns, repeats=repeats, dtype=dtype, with_example=example,
+                      timeout_s=timeout_s, command=command, log=lambda m: err.print(m))
+    md = report_markdown(report)
+    print(md)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report_json(report), indent=2) + "\n")
+    if md_path:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(md)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ttft")(ttft)
