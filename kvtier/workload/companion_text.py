@@ -86,7 +86,7 @@ TONE_LINES = {
     "tired": ("I'm so tired, I barely slept because of {weather}.", "Work as a {my_job} drained me today.",
               "I spent the whole day {activity} and I'm done.", "My brain feels like {object} right now."),
     "curious": ("I've been wondering about {topic}.", "Random question: have you ever tried {hobby}?",
-                "Do you think {topic} matters?", "I read something {adj} about {place} {time}."),
+                "What is your take on {topic}?", "I read something {adj} about {place} {time}."),
     "nostalgic": ("I found {object} from my childhood {time}.", "I was thinking about summers in {place}.",
                   "{my_relative} used to make {food} every Sunday.", "Remember when we talked about {media}?"),
 }
@@ -101,7 +101,7 @@ USER_BY_CATEGORY = {
         "What was your childhood like in {home}?", "Do you ever get {emotion}, {char}?",
         "What's your favorite memory from {place}?", "Who is the most {adj} person you've ever met?",
         "If you could pick up any hobby, would it be {hobby}?", "What do you do when you can't sleep?",
-        "Do you believe in {topic}?", "What would your perfect day in {home} look like?",
+        "What do you think about {topic}?", "What would your perfect day in {home} look like?",
         "Have you ever been in love?", "What's something you've never told anyone?",
     ),
     "follow_up": (
