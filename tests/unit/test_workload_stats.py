@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from kvtier.workload.format import Conversation, Turn, Workload, WorkloadHeader
 from kvtier.workload.stats import PrefixBlockSet, ideal_hit_rate, workload_stats
@@ -75,3 +77,21 @@ def test_stats_summary_fields_are_json_ready():
     assert st.turns.mean == pytest.approx(2.5) and st.requests == 10
     assert st.metadata_counts["persona"] == {"p1": 2, "p2": 2}
     assert json.loads(json.dumps(st.to_dict()))["ideal_hit_rate"] == st.ideal_hit_rate
+
+
+@given(st_prompts=hst.lists(hst.lists(hst.integers(0, 3), max_size=24), max_size=12), bs=hst.integers(1, 5))
+@settings(max_examples=200, deadline=None)
+def test_block_set_matches_a_naive_prefix_model(st_prompts, bs):
+    """Hit tokens == longest multiple of bs whose whole prefix appeared (as full blocks) before."""
+    blocks = PrefixBlockSet(bs)
+    seen: set[tuple[int, ...]] = set()
+    for ids in st_prompts:
+        full = len(ids) // bs
+        expect = 0
+        for b in range(1, full + 1):
+            if tuple(ids[: b * bs]) in seen:
+                expect = b * bs
+            else:
+                break
+        assert blocks.lookup_and_insert(ids) == expect
+        seen.update(tuple(ids[: b * bs]) for b in range(1, full + 1))
