@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from kvtier.runtime import vllm_env
+from kvtier.runtime import kv_cache_bytes, vllm_env
 
 HOST = "127.0.0.1"
 DEFAULT_READY_TIMEOUT_S = 240.0
@@ -84,6 +84,9 @@ def build_command(spec: ServerSpec, port: int | None = None) -> list[str]:
     cmd.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
     if spec.dtype is not None:
         cmd += ["--dtype", spec.dtype]
+    if spec.kv_cache_space_gib is not None:
+        # explicit bytes: vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB only (see kvtier.runtime.vllm_env)
+        cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(spec.kv_cache_space_gib))]
     if spec.kvtier_config is not None:
         cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config(spec.kvtier_config))]
     cmd += list(spec.extra_args)

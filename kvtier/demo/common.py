@@ -1,0 +1,91 @@
+"""Shared pieces of the demos: model facts, output folder, progress, tables, failure rules."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+class DemoError(RuntimeError):
+    """The demo cannot go on (server did not start, port busy, disk full, a config lost requests)."""
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    path: Path
+    kv_bytes_per_token: int
+    max_model_len: int
+
+
+def model_facts(path: Path, dtype_bytes: int = 2) -> ModelFacts:
+    """KV bytes per token from the HF config: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+    cfg = json.loads((path / "config.json").read_text())
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    kv_heads = cfg.get("num_key_value_heads", heads)
+    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
+    return ModelFacts(path, per_token, int(cfg.get("max_position_embeddings", 4096)))
+
+
+def results_dir(out: Path | None, name: str) -> Path:
+    """A fresh results folder: ``out`` or ./results/<name>-<UTC timestamp>."""
+    path = out or Path("results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def check_free_disk(path: Path, need_bytes: int) -> None:
+    free = shutil.disk_usage(path).free
+    if free < need_bytes:
+        raise DemoError(f"disk full: {path} has {free / 2**30:.1f} GiB free, the demo needs "
+                        f"{need_bytes / 2**30:.1f} GiB")
+
+
+def fmt_s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def fmt_pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.1f}%"
+
+
+def fmt_x(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def ratio(base: float | None, new: float | None) -> float | None:
+    if base is None or new is None or new <= 0:
+        return None
+    return base / new
+
+
+def comparison_table(title: str, rows: list[dict[str, Any]], baseline: dict[str, Any] | None) -> Table:
+    """One row per configuration: TTFT mean/p50/p90/p99, speedup vs baseline, hit rates."""
+    t = Table(title=title)
+    for col in ("configuration", "requests ok/failed", "TTFT mean s", "p50", "p90", "p99",
+                "speedup (mean)", "token hit rate", "hit rate, last half"):
+        t.add_column(col, justify="left" if col == "configuration" else "right")
+    for r in rows:
+        s = r.get("summary") or {}
+        sp = ratio((baseline or {}).get("ttft_mean_s"), s.get("ttft_mean_s")) if baseline else None
+        t.add_row(r["name"], f"{s.get('requests_ok', 0)}/{s.get('requests_failed', 0)}" if s else "failed",
+                  fmt_s(s.get("ttft_mean_s")), fmt_s(s.get("ttft_p50_s")), fmt_s(s.get("ttft_p90_s")),
+                  fmt_s(s.get("ttft_p99_s")), fmt_x(sp), fmt_pct(s.get("token_hit_rate")),
+                  fmt_pct(s.get("token_hit_rate_last_half")))
+    return t
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.replace(path)
