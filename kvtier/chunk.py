@@ -89,7 +89,12 @@ def checksum(header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
 
 
 def encode_trailer(header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
-    return _TRAILER.pack(TRAILER_MAGIC, checksum(header, payload))
+    return pack_trailer(checksum(header, payload))
+
+
+def pack_trailer(digest: bytes) -> bytes:
+    """The trailer for a precomputed ``checksum`` digest."""
+    return _TRAILER.pack(TRAILER_MAGIC, digest)
 
 
 def decode_header(header: bytes | memoryview, namespace_digest: bytes | None = None,
@@ -119,12 +124,18 @@ def decode_header(header: bytes | memoryview, namespace_digest: bytes | None = N
 
 def verify_trailer(header: bytes | memoryview, payload: bytes | memoryview, trailer: bytes | memoryview) -> None:
     """Check the trailer magic and checksum; raises ``ChunkError`` ("torn" / "corrupt")."""
+    verify_digest(trailer, None)
+    verify_digest(trailer, checksum(header, payload))
+
+
+def verify_digest(trailer: bytes | memoryview, digest: bytes | None) -> None:
+    """Check the trailer's magic and (unless None) that it holds ``digest``."""
     if len(trailer) != TRAILER_SIZE:
         raise ChunkError("torn", "trailer missing")
-    magic, digest = _TRAILER.unpack(trailer)
+    magic, stored = _TRAILER.unpack(trailer)
     if magic != TRAILER_MAGIC:
         raise ChunkError("torn", "bad trailer magic")
-    if digest != checksum(header, payload):
+    if digest is not None and stored != digest:
         raise ChunkError("corrupt", "checksum mismatch")
 
 

@@ -31,7 +31,7 @@ from typing import Callable, Iterator
 
 import xxhash
 
-from kvtier.chunk import ChunkError, ChunkMeta, encode_header, encode_trailer, file_size
+from kvtier.chunk import ChunkError, ChunkMeta, encode_header, file_size
 from kvtier.eviction import EvictionPolicy, PolicyName
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
@@ -324,9 +324,8 @@ class DiskTier(Tier):
         t0 = time.perf_counter()
         tmp = f"{self._tmp}/{meta.key.hex()}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}.tmp"
         header = encode_header(self._ns, meta)
-        trailer = encode_trailer(header, payload)
         try:
-            diskio.write_chunk_file(tmp, header, payload, trailer, o_direct=self.o_direct,
+            diskio.write_chunk_file(tmp, header, payload, o_direct=self.o_direct,
                                     fsync=self.fsync != "never")
         except OSError as e:
             _unlink_quiet(tmp)

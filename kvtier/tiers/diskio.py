@@ -16,9 +16,19 @@ import mmap
 import os
 import threading
 
-from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, decode_header, verify_trailer
+from concurrent.futures import ThreadPoolExecutor
+from queue import SimpleQueue
+
+import xxhash
+
+from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, pack_trailer,
+                          verify_digest)
 
 ALIGN = 4096
+PIECE = 2 << 20             # read granularity when hashing overlaps the reads
+PIPELINE_MIN = 4 << 20      # payloads at least this large overlap I/O and checksumming
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _tls = threading.local()
 
@@ -91,39 +101,117 @@ def _preadv_all(fd: int, parts: list[memoryview], offset: int) -> int:
     return total
 
 
-def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview, trailer: bytes,
+def _io_pool() -> ThreadPoolExecutor:
+    """Helper threads that run one chunk's syscalls while the caller hashes (xxhash holds the GIL,
+    preadv/writev release it), so checksumming overlaps the device time."""
+    global _POOL
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="kvtier-io")
+    return _POOL
+
+
+def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview,
                      *, o_direct: bool, fsync: bool) -> bool:
     """Create ``path`` (must not exist) holding one chunk. Returns whether O_DIRECT was used.
 
-    Raises OSError (ENOSPC, EIO, ...); the caller removes the partial temp file."""
-    total = HEADER_SIZE + len(payload) + TRAILER_SIZE
+    The header and payload body are written by a helper thread while this thread
+    computes the checksum; the trailer follows. Raises OSError (ENOSPC, EIO, ...);
+    the caller removes the partial temp file."""
+    plen = len(payload)
+    total = HEADER_SIZE + plen + TRAILER_SIZE
     fd, direct = open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, o_direct)
     try:
-        if not direct:
-            _writev_all(fd, [memoryview(header), payload, memoryview(trailer)])
+        body = plen // ALIGN * ALIGN if direct else plen
+        if direct and not (aligned(payload) and body):
+            big = _bounce(_round_up(total))                 # unaligned source: one bounce copy
+            big[:HEADER_SIZE] = header
+            big[HEADER_SIZE:HEADER_SIZE + plen] = payload
+            big[HEADER_SIZE + plen:total] = pack_trailer(checksum(header, payload))
+            _writev_all(fd, [big[:_round_up(total)]])
         else:
-            body = len(payload) // ALIGN * ALIGN
-            hdr = _bounce(HEADER_SIZE + ALIGN * 2)
-            if aligned(payload) and body:
-                rest = len(payload) - body
-                tail_len = _round_up(rest + TRAILER_SIZE)
-                tail = hdr[HEADER_SIZE:HEADER_SIZE + tail_len]
+            scratch = _bounce(HEADER_SIZE + 2 * ALIGN) if direct else None
+            hdr = memoryview(header)
+            if scratch is not None:
+                scratch[:HEADER_SIZE] = header
+                hdr = scratch[:HEADER_SIZE]
+            parts = [hdr, payload[:body]]
+            if plen >= PIPELINE_MIN:
+                fut = _io_pool().submit(_writev_all, fd, parts)
+                try:
+                    digest = checksum(header, payload)
+                finally:
+                    fut.result()
+            else:
+                digest = checksum(header, payload)
+                _writev_all(fd, parts)
+            trailer = pack_trailer(digest)
+            if scratch is None:
+                _writev_all(fd, [memoryview(trailer)])
+            else:
+                rest = plen - body
+                tail = scratch[HEADER_SIZE:HEADER_SIZE + _round_up(rest + TRAILER_SIZE)]
                 tail[:rest] = payload[body:]
                 tail[rest:rest + TRAILER_SIZE] = trailer
-                hdr[:HEADER_SIZE] = header
-                _writev_all(fd, [hdr[:HEADER_SIZE], payload[:body], tail])
-            else:
-                big = _bounce(_round_up(total))
-                big[:HEADER_SIZE] = header
-                big[HEADER_SIZE:HEADER_SIZE + len(payload)] = payload
-                big[HEADER_SIZE + len(payload):total] = trailer
-                _writev_all(fd, [big[:_round_up(total)]])
+                tail[rest + TRAILER_SIZE:] = bytes(len(tail) - rest - TRAILER_SIZE)
+                _writev_all(fd, [tail])
+        if direct:
             os.ftruncate(fd, total)
         if fsync:
             os.fsync(fd)
     finally:
         os.close(fd)
     return direct
+
+
+def _read_parts(fd: int, parts: list[memoryview], done: SimpleQueue) -> None:
+    """(helper thread) Read ``parts`` back to back from offset 0, reporting each part's byte count."""
+    off = 0
+    try:
+        for part in parts:
+            n = _preadv_all(fd, [part], off)
+            off += n
+            done.put(n)
+            if n < len(part):
+                return
+    except BaseException as e:  # handed to the caller, which re-raises it
+        done.put(e)
+
+
+def _read_and_hash(fd: int, parts: list[memoryview], nhash: int) -> tuple[int, "xxhash.xxh3_128 | None"]:
+    """Read ``parts`` in order; hash the first ``nhash`` as they land. Returns (bytes read, the
+    running xxh3-128 state, or None if a hashed part came up short)."""
+    h = xxhash.xxh3_128()
+    got = 0
+    if sum(len(p) for p in parts[1:nhash]) < PIPELINE_MIN:
+        got = _preadv_all(fd, parts, 0)
+        if got < sum(len(p) for p in parts[:nhash]):
+            return got, None
+        for part in parts[:nhash]:
+            h.update(part)
+        return got, h
+    done: SimpleQueue = SimpleQueue()
+    fut = _io_pool().submit(_read_parts, fd, parts, done)
+    complete = True
+    try:
+        for i, part in enumerate(parts):
+            n = done.get()
+            if isinstance(n, BaseException):
+                raise n
+            got += n
+            if n < len(part):
+                complete = complete and i >= nhash
+                break
+            if i < nhash:
+                h.update(part)
+    finally:
+        fut.result()
+    return got, h if complete else None
+
+
+def _pieces(view: memoryview) -> list[memoryview]:
+    return [view[i:i + PIECE] for i in range(0, len(view), PIECE)]
 
 
 def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: bytes,
@@ -146,33 +234,39 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
                 raise ChunkError("torn", f"file is {size} bytes, header disagrees")
             raise ValueError(f"output buffer has {len(out)} bytes, chunk needs {plen}")
         dst = out[:plen]
+        body = plen // ALIGN * ALIGN
         if not direct:
             hdr = memoryview(bytearray(HEADER_SIZE))
             trl = memoryview(bytearray(TRAILER_SIZE))
-            got = _preadv_all(fd, [hdr, dst, trl], 0)
-        else:
-            body = plen // ALIGN * ALIGN
-            scratch = _bounce(HEADER_SIZE + _round_up(plen - body + TRAILER_SIZE) + ALIGN)
-            if aligned(dst) and body:
-                hdr = scratch[:HEADER_SIZE]
-                tail = scratch[HEADER_SIZE:HEADER_SIZE + _round_up(plen - body + TRAILER_SIZE)]
-                got = _preadv_all(fd, [hdr, dst[:body], tail], 0)
-                rest = plen - body
-                dst[body:] = tail[:rest]
-                trl = tail[rest:rest + TRAILER_SIZE]
-            else:
-                big = _bounce(_round_up(size))
-                got = _preadv_all(fd, [big[:_round_up(size)]], 0)
-                hdr = big[:HEADER_SIZE]
-                dst[:] = big[HEADER_SIZE:HEADER_SIZE + plen]
-                trl = big[HEADER_SIZE + plen:size]
+            parts = [hdr, *_pieces(dst), trl]
+            got, h = _read_and_hash(fd, parts, len(parts) - 1)
+            digest = h.digest() if h is not None else None
+        elif aligned(dst) and body:
+            rest = plen - body
+            scratch = _bounce(HEADER_SIZE + _round_up(rest + TRAILER_SIZE))
+            hdr = scratch[:HEADER_SIZE]
+            tail = scratch[HEADER_SIZE:HEADER_SIZE + _round_up(rest + TRAILER_SIZE)]
+            parts = [hdr, *_pieces(dst[:body]), tail]
+            got, h = _read_and_hash(fd, parts, len(parts) - 1)
             got = min(got, size)
+            dst[body:] = tail[:rest]
+            trl = tail[rest:rest + TRAILER_SIZE]
+            if h is not None:
+                h.update(dst[body:])
+            digest = h.digest() if h is not None else None
+        else:
+            big = _bounce(_round_up(size))
+            got = min(_preadv_all(fd, [big[:_round_up(size)]], 0), size)
+            hdr = big[:HEADER_SIZE]
+            dst[:] = big[HEADER_SIZE:HEADER_SIZE + plen]
+            trl = big[HEADER_SIZE + plen:size]
+            digest = checksum(hdr, dst)
         if got != size:
             raise ChunkError("torn", f"read {got} of {size} bytes")
         meta = decode_header(hdr, namespace_digest, key)
         if meta.payload_len != plen:
             raise ChunkError("torn", f"file holds {plen} payload bytes, header says {meta.payload_len}")
-        verify_trailer(hdr, dst, trl)
+        verify_digest(trl, digest)
         return meta
     finally:
         os.close(fd)
