@@ -24,6 +24,7 @@ COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
     ("kvtier.commands.demo_cmd", None),       # demo, demo longdoc, demo slo
     ("kvtier.commands.workload_cmd", "workload"),  # companion, longdoc, import, stats
     ("kvtier.commands.bench_cmd", "bench"),        # run, slo, compare
+    ("kvtier.commands.store_cmd", None),           # fsck, bench store
     ("kvtier.commands.serve_cmd", None),           # serve (vLLM + kvtier connector)
     ("kvtier.commands.stats_cmd", None),           # stats (connector/store metrics)
     ("kvtier.commands.ttft_cmd", "bench"),         # bench ttft

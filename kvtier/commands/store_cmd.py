@@ -1,0 +1,69 @@
+"""CLI for the store: ``kvtier fsck DIR`` and ``kvtier bench store``.
+
+Registered once at top level (``COMMAND_MODULES`` group None); the benchmark is added
+to the existing ``bench`` sub-app found on the top-level app.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import typer
+
+
+def fsck(directory: Path = typer.Argument(..., help="disk tier directory (store.disk.path)"),
+         dry_run: bool = typer.Option(False, "--dry-run", help="report only; remove nothing"),
+         as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
+    """Verify every chunk file; remove corrupt chunks, orphans and dead writers' temp files."""
+    from kvtier.tiers.fsck import check
+    if not directory.is_dir():
+        typer.echo(f"error: not a directory: {directory}", err=True)
+        raise typer.Exit(2)
+    report = check(directory, repair=not dry_run)
+    if as_json:
+        typer.echo(json.dumps({**report.__dict__, "clean": report.clean}, indent=1))
+    else:
+        from rich.console import Console
+        c = Console()
+        c.print(f"{report.namespaces} namespace(s), {report.chunks} chunk file(s): {report.ok} ok "
+                f"({report.bytes_ok / 2**20:.1f} MiB), {len(report.bad)} bad, {len(report.orphans)} orphan(s), "
+                f"{len(report.temp_files)} stale temp file(s)")
+        for path, kind in report.bad.items():
+            c.print(f"  [red]{kind}[/red] {path}")
+        verb = "would remove" if dry_run else "removed"
+        c.print(f"{verb} {report.removed if not dry_run else len(report.bad) + len(report.orphans) + len(report.temp_files)}"
+                f" file(s); ledger fixed in {report.ledger_fixed} namespace(s)")
+    raise typer.Exit(0 if report.clean else 1)
+
+
+def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on the disk to measure "
+                                               "(default: <kvtier_home>/bench-store)"),
+                volume: str = typer.Option("1GiB", "--volume", help="bytes per model per disk pass"),
+                quick: bool = typer.Option(False, "--quick", help="256MiB volume, fewer passes"),
+                json_path: Path = typer.Option(None, "--json", help="write the results as JSON here")) -> None:
+    """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O."""
+    from kvtier.bench.store_bench import run
+    from kvtier.config import kvtier_home, parse_size
+    try:
+        vol = parse_size("256MiB" if quick and volume == "1GiB" else volume)
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--volume") from None
+    path = directory or kvtier_home() / "bench-store"
+    result = run(path, vol, quick, log=typer.echo)
+    result["command"] = " ".join(shlex.quote(a) for a in ["kvtier", *sys.argv[1:]])
+    result["cwd"] = os.getcwd()
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=1) + "\n")
+        typer.echo(f"wrote {json_path}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fsck")(fsck)
+    bench = next((g.typer_instance for g in app.registered_groups if g.name == "bench"), None)
+    if bench is not None:
+        bench.command("store")(bench_store)
