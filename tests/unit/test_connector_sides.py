@@ -330,3 +330,69 @@ def test_worker_refuses_mismatched_layout():
     w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0)
     w.register({"l0": torch.zeros(2, 4, 16, 3, 8)})
     assert w.disabled is not None
+
+
+class SlowStore(FakeStore):
+    def __init__(self, slow_key, delay):
+        super().__init__()
+        self.slow_key, self.delay = slow_key, delay
+
+    def get(self, key):
+        import time
+
+        if key == self.slow_key:
+            time.sleep(self.delay)
+        return super().get(key)
+
+
+def _saved_store(store, tokens, kv):
+    s, tables = _sched(store)
+    req = FakeRequest("src", tokens)
+    _admit(s, tables, req)
+    w = _worker(store, kv)
+    w.save(_step(s, tables, req, len(tokens)))
+    w.end_step()
+    return tables("src")
+
+
+def test_worker_batch_of_loads_one_failing_others_exact():
+    store = FakeStore()
+    kv = _kv(seed=3)
+    a, b = _prompt(1100, seed=1), _prompt(800, seed=2)
+    ta = _saved_store(store, a, kv)
+    tb = _saved_store(store, b, kv)
+    store.fail_gets.add(chunk_keys(NS, a)[2])
+    dst = {k: torch.zeros_like(v) for k, v in kv.items()}
+    w = _worker(store, dst)
+    s, tables = _sched(store)
+    ra, rb = FakeRequest("a", a), FakeRequest("b", b)
+    assert _admit(s, tables, ra) == 1024 and _admit(s, tables, rb) == 768
+    tables.alloc("a", 1100)
+    tables.alloc("b", 800)
+    meta = s.build_meta(SimpleNamespace(num_scheduled_tokens={"a": 76, "b": 32}))
+    w.load(meta)
+    assert w.take_load_errors() == set(tables("a")[4:8])
+    for name in kv:
+        for i in range(4):
+            assert torch.equal(dst[name][tables("a")[i]], kv[name][ta[i]])
+        for i in range(6):
+            assert torch.equal(dst[name][tables("b")[i]], kv[name][tb[i]])
+    out = w.take_worker_meta().loads
+    assert (out["a"].loaded_tokens, out["a"].failed_tokens) == (512, 512)
+    assert (out["b"].loaded_tokens, out["b"].failed_tokens) == (768, 0)
+
+
+def test_worker_load_deadline_turns_slow_reads_into_errors():
+    tokens = _prompt(800)
+    kv = _kv(seed=4)
+    store = SlowStore(chunk_keys(NS, tokens)[1], delay=1.0)
+    _saved_store(store, tokens, kv)
+    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=0.2)
+    w.register({k: torch.zeros_like(v) for k, v in kv.items()})
+    s, tables = _sched(store)
+    req = FakeRequest("b", tokens)
+    assert _admit(s, tables, req) == 768
+    w.load(_step(s, tables, req, 32))
+    assert w.take_load_errors() == set(tables("b")[2:6])
+    o = w.take_worker_meta().loads["b"]
+    assert o.error == "timeout" and (o.loaded_tokens, o.failed_tokens) == (256, 512)

@@ -39,6 +39,9 @@ class ChunkStore(Protocol):
             dtype: str) -> bool: ...
 
 
+PREFETCH_DEPTH = 2   # chunk reads in flight ahead of the block copies
+
+
 def _natural_key(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
@@ -56,7 +59,9 @@ class WorkerSide:
         self.layers: list["torch.Tensor"] = []
         self.layer_names: list[str] = []
         self.disabled: str | None = "no KV caches registered"
-        self._staging: "torch.Tensor | None" = None
+        self._staging: "torch.Tensor | None" = None     # save staging buffer
+        self._buffers: list["torch.Tensor"] = []          # load buffers (PREFETCH_DEPTH + 1)
+        self._pool = None
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._outcomes: dict[str, LoadOutcome] = {}
@@ -94,16 +99,19 @@ class WorkerSide:
         log.info("kvtier: registered %d KV layers, layout %s, chunk payload %s %s (%d bytes)",
                  len(layers), self.layout.name, self.shape, self.dtype_name, self.chunk_nbytes)
 
-    def _staging_bytes(self) -> memoryview:
+    def _bytes(self, buf: "torch.Tensor") -> memoryview:
         import torch
 
+        return memoryview(buf.view(torch.uint8).numpy()).cast("B")
+
+    def _staging_bytes(self) -> memoryview:
         assert self._staging is not None
-        return memoryview(self._staging.view(torch.uint8).numpy()).cast("B")
+        return self._bytes(self._staging)
 
     # -- load --------------------------------------------------------------------------------
-    def _read_chunk(self, key: bytes) -> tuple[bool, str | None]:
-        """Fill the staging buffer with chunk ``key``; (ok, error kind)."""
-        out = self._staging_bytes()
+    def _read_chunk(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None]:
+        """Fill ``buf`` with chunk ``key``; (ok, error kind). Runs on a prefetch thread."""
+        out = self._bytes(buf)
         try:
             get_into = getattr(self.store, "get_into", None)
             if get_into is not None:
@@ -125,42 +133,82 @@ class WorkerSide:
         out[:] = mv
         return True, None
 
+    def _read_buffers(self) -> list["torch.Tensor"]:
+        import torch
+
+        assert self._staging is not None
+        while len(self._buffers) < PREFETCH_DEPTH + 1:
+            self._buffers.append(torch.empty_like(self._staging))
+        return self._buffers
+
     def load(self, meta: KvtierConnectorMetadata) -> None:
+        """Read chunks on ``PREFETCH_DEPTH`` threads ahead of the block copies (disk reads and
+        checksums overlap the copies into vLLM's blocks); the copies stay in request order."""
         if not meta.loads:
             return
+        from concurrent.futures import ThreadPoolExecutor
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         deadline = time.monotonic() + self.load_timeout_s
-        for plan in meta.loads:
-            outcome = LoadOutcome()
-            t0 = time.perf_counter()
-            failed_from: int | None = None
-            nbytes = 0
-            for i, ch in enumerate(plan.chunks):
-                if self.disabled is not None:
-                    ok, err = False, "disabled"
-                elif time.monotonic() > deadline:
-                    ok, err = False, "timeout"
-                else:
-                    ok, err = self._read_chunk(ch.key)
-                if not ok:
-                    failed_from = i
-                    outcome.error = err
-                    self._missing.append(ch.key)
-                    if self.metrics:
-                        self.metrics.error("load_" + (err or "unknown"))
-                    log.warning("kvtier: load of chunk %d for %s failed (%s); vLLM will recompute",
-                                i, plan.req_id, err)
-                    break
-                self.layout.scatter(self.layers, ch.block_ids, self._staging, first_block=ch.first_block)
-                nbytes += len(ch.block_ids) * self.chunk_nbytes // self.blocks_per_chunk
-                outcome.loaded_tokens += len(ch.block_ids) * self.block_size
-            if failed_from is not None:
+        jobs = [(p, i, ch) for p, plan in enumerate(meta.loads) for i, ch in enumerate(plan.chunks)]
+        failed_at: dict[int, tuple[int, str]] = {}      # plan index -> (first failed chunk, error)
+        bufs = self._read_buffers() if self.disabled is None else []
+        nbuf = len(bufs)
+        if self._pool is None and self.disabled is None:
+            self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
+        futures: dict[int, Any] = {}
+
+        def submit(j: int) -> None:
+            if j < len(jobs) and self.disabled is None and jobs[j][0] not in failed_at:
+                futures[j] = self._pool.submit(self._read_chunk, jobs[j][2].key, bufs[j % nbuf])
+
+        for j in range(min(PREFETCH_DEPTH, len(jobs))):
+            submit(j)
+        t_plan = [time.perf_counter()] * len(meta.loads)
+        nbytes = [0] * len(meta.loads)
+        outcomes = [LoadOutcome() for _ in meta.loads]
+        abandoned = False
+        for j, (p, i, ch) in enumerate(jobs):
+            submit(j + PREFETCH_DEPTH)   # its buffer was last used by job j-1, already copied
+            if p in failed_at:
+                continue
+            if self.disabled is not None:
+                ok, err = False, "disabled"
+            else:
+                try:
+                    ok, err = futures.pop(j).result(timeout=max(0.0, deadline - time.monotonic()))
+                except FutureTimeout:
+                    ok, err, abandoned = False, "timeout", True
+            if ok:
+                self.layout.scatter(self.layers, ch.block_ids, bufs[j % nbuf], first_block=ch.first_block)
+                nbytes[p] += len(ch.block_ids) * self.chunk_nbytes // self.blocks_per_chunk
+                outcomes[p].loaded_tokens += len(ch.block_ids) * self.block_size
+                continue
+            failed_at[p] = (i, err or "unknown")
+            self._missing.append(ch.key)
+            if self.metrics:
+                self.metrics.error("load_" + (err or "unknown"))
+            log.warning("kvtier: load of chunk %d for %s failed (%s); vLLM will recompute",
+                        i, meta.loads[p].req_id, err)
+            if abandoned:   # the rest of this step's loads would miss the deadline too
+                for q in range(p + 1, len(meta.loads)):   # later plans have not started
+                    failed_at.setdefault(q, (0, "timeout"))
+        if abandoned:       # reads still in flight may write into these buffers later: drop them
+            self._buffers, self._pool = [], None
+        else:
+            for f in futures.values():
+                f.result()
+        for p, plan in enumerate(meta.loads):
+            outcome = outcomes[p]
+            if p in failed_at:
+                first, outcome.error = failed_at[p]
                 self._failed_reqs.add(plan.req_id)
-                for ch in plan.chunks[failed_from:]:
+                for ch in plan.chunks[first:]:
                     self._load_errors.update(ch.block_ids)
                     outcome.failed_tokens += len(ch.block_ids) * self.block_size
             self._outcomes[plan.req_id] = outcome
             if self.metrics:
-                self.metrics.loaded(nbytes, time.perf_counter() - t0, outcome.loaded_tokens)
+                self.metrics.loaded(nbytes[p], time.perf_counter() - t_plan[p], outcome.loaded_tokens)
 
     # -- save ------------------------------------------------------------------------------
     def save(self, meta: KvtierConnectorMetadata) -> None:
