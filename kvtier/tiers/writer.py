@@ -94,26 +94,25 @@ class WriterPool:
     def submit(self, job: Job) -> bool:
         with self._lock:
             if self._closed:
-                job.drop()
-                return False
-            if job.meta.key in self._pending:
-                job.drop()
-                return True
-            self._start()
-            try:
-                self._q.put_nowait(job)
-            except queue.Full:
-                full = True
+                outcome = "closed"
+            elif job.meta.key in self._pending:
+                outcome = "duplicate"
             else:
-                full = False
-                self._pending[job.meta.key] = job
-                self._inflight += 1
-        if full:
-            job.drop()
+                self._start()
+                try:
+                    self._q.put_nowait(job)
+                except queue.Full:
+                    outcome = "full"
+                else:
+                    outcome = "queued"
+                    self._pending[job.meta.key] = job
+                    self._inflight += 1
+        if outcome != "queued":
+            job.drop()     # outside the lock: release() may take it (staging buffers)
+        if outcome == "full":
             self._tm.event("dropped_store", "disk", "write queue full")
-            return False
         QUEUE_DEPTH.set(self._q.qsize())
-        return True
+        return outcome in ("queued", "duplicate")
 
     def submit_copy(self, meta: ChunkMeta, payload: memoryview) -> bool:
         buf = None
