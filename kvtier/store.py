@@ -154,22 +154,34 @@ class TieredStore:
         return any(t.contains(key) for t in self.tiers)
 
     def _on_evict(self, keys: list[ChunkKey]) -> None:
-        """A tier evicted ``keys``: drop descendants of any chunk that left every tier."""
-        for key in keys:
-            if self._present(key):
-                continue
+        """A tier evicted ``keys``: drop the descendants of any chunk that left every tier."""
+        self._cascade(keys)
+
+    def _cascade(self, keys: list[ChunkKey]) -> None:
+        """Remove, from every tier, the descendants of each of ``keys`` that no tier holds.
+
+        Walks parent->child edges tier by tier, so a chain that crosses tiers (a RAM chunk
+        whose parent lives only on disk) is followed too."""
+        work = [k for k in keys if not self._present(k)]
+        seen = set(work)
+        while work:
+            key = work.pop()
+            children: set[ChunkKey] = set()
             for tier in self.tiers:
                 for child in tier.children(key):
+                    children.add(child)
                     if tier.delete(child):
-                        self.telemetry.event("orphan_evicted", tier.name, f"{child.hex()[:16]}")
+                        self.telemetry.event("orphan_evicted", tier.name, child.hex()[:16])
+            for child in children - seen:
+                seen.add(child)
+                work.append(child)
 
     def delete(self, key: ChunkKey) -> bool:
-        """Remove ``key`` and its descendants from every tier."""
+        """Remove ``key`` and (since they become unreachable) its descendants from every tier."""
         removed = False
         for tier in self.tiers:
-            for child in tier.children(key):
-                tier.delete(child)
             removed = tier.delete(key) or removed
+        self._cascade([key])
         return removed
 
     def flush(self, timeout: float | None = None) -> bool:

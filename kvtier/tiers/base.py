@@ -101,7 +101,7 @@ class Tier(ABC):
 
     @abstractmethod
     def children(self, key: ChunkKey) -> list[ChunkKey]:
-        """Known chunks in this tier whose parent is ``key``, and their descendants, deepest first."""
+        """Chunks in this tier whose parent is ``key`` (the store follows chains across tiers)."""
 
     def close(self) -> None:
         """Release resources; later calls may raise. Idempotent."""

@@ -421,7 +421,7 @@ class DiskTier(Tier):
 
     def children(self, key: ChunkKey) -> list[ChunkKey]:
         with self._lock:
-            return self._policy.descendants(key)
+            return sorted(self._policy.children(key))
 
     def orphans(self, present: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
         with self._lock:

@@ -257,7 +257,7 @@ class MemoryTier(Tier):
 
     def children(self, key: ChunkKey) -> list[ChunkKey]:
         with self._lock:
-            return self._policy.descendants(key)
+            return sorted(self._policy.children(key))
 
     def orphans(self, present: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
         with self._lock:

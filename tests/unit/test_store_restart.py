@@ -41,7 +41,7 @@ def test_restart_recovers_index_ledger_and_parents(tmp_path: Path) -> None:
         t = DiskTier.open(tmp_path, NS, 10**9, telemetry=Telemetry())
         assert t.usage().num_chunks == 300 and t.usage().used_bytes == used
         assert t.parent(keys[10]) == keys[9] and t.parent(keys[0]) is None
-        assert t.children(keys[297]) == [keys[299], keys[298]]     # deepest first
+        assert t.children(keys[297]) == [keys[298]] and t.children(keys[299]) == []
         got = t.get(keys[123])
         assert got is not None and bytes(got[1]) == payload(123 % 7)
         t.close()
