@@ -31,7 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from kvtier.config import ConfigError, KvtierConfig, load_config
+from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, serve
 from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace
@@ -53,18 +53,6 @@ log = logging.getLogger("kvtier.connector")
 
 _TIER_SOURCE = {"memory": CacheHitSource.HOST, "ram": CacheHitSource.HOST, "worker": CacheHitSource.HOST,
                 "disk": CacheHitSource.DISK, "ssd": CacheHitSource.DISK}
-
-
-def config_from_extra(extra: dict[str, Any] | None) -> KvtierConfig:
-    """The kvtier config named by ``kv_connector_extra_config`` (dict and/or file, plus env)."""
-    extra = extra or {}
-    unknown = set(extra) - {"kvtier_config", "kvtier_config_file"}
-    if unknown:
-        raise ConfigError(f"unknown kv_connector_extra_config keys for kvtier: {sorted(unknown)}")
-    overrides = extra.get("kvtier_config") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError("kv_connector_extra_config.kvtier_config must be a mapping")
-    return load_config(extra.get("kvtier_config_file"), overrides=overrides)
 
 
 def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
