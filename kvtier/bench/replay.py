@@ -233,6 +233,8 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
                 t.cancel()
             cancelled = sum(not t.done() for t in tasks)
             await asyncio.gather(*tasks, return_exceptions=True)
+        if cancelled and run.deadline is not None and time.perf_counter() >= run.deadline:
+            run.halt("duration reached")
         duration = run.now()
         after = await scrape_all(client, metrics_urls)
     reason = run.stopped_reason or "workload exhausted"

@@ -190,3 +190,12 @@ def test_hit_rate_over_time_shows_warm_up(tmp_path):
     s = res.summary
     assert s["token_hit_rate_last_half"] > s["hit_rate_over_time"][0]["token_hit_rate"]
     assert s["token_hit_rate_last_half"] == pytest.approx(1.0, abs=0.02)
+
+
+def test_duration_cancels_requests_still_in_flight_after_the_drain_timeout(tmp_path):
+    wl = make_workload(tmp_path / "w.jsonl", n_conv=4, n_turns=1)
+    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=5.0)) as srv:
+        res = run_replay(wl, srv.url, opts(concurrency=2, duration_s=0.3, drain_timeout_s=0.3), tmp_path / "out")
+    s = res.summary
+    assert s["requests_cancelled"] == 2 and s["requests_total"] == 0
+    assert s["duration_s"] < 2.0 and res.stopped_reason == "duration reached"
