@@ -68,6 +68,18 @@ def test_corrupt_byte_is_a_counted_miss(stored, where: str) -> None:
     assert bytes(s.get(keys[0])) == payload(0)               # neighbours unaffected
 
 
+def test_events_reach_prometheus(stored) -> None:
+    from prometheus_client import REGISTRY
+    s, keys = stored
+    before = REGISTRY.get_sample_value("kvtier_events_total", {"kind": "corrupt"}) or 0.0
+    with open(s.disk.path_of(keys[0]), "r+b") as f:
+        f.seek(HEADER_SIZE)
+        f.write(b"\0\1\2")
+    assert s.get(keys[0]) is None
+    assert REGISTRY.get_sample_value("kvtier_events_total", {"kind": "corrupt"}) == before + 1
+    assert REGISTRY.get_sample_value("kvtier_store_misses_total", {"tier": "disk"}) >= 1
+
+
 def test_bad_magic_is_corrupt(stored) -> None:
     s, keys = stored
     with open(s.disk.path_of(keys[0]), "r+b") as f:
