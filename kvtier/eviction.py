@@ -71,6 +71,10 @@ class EvictionPolicy:
         """Children of ``key`` present in this tier."""
         return set(self._kids.get(key, ()))
 
+    def has_children(self, key: ChunkKey) -> bool:
+        """Lock-free read (one dict lookup): does any chunk in this tier name ``key`` as parent?"""
+        return bool(self._kids.get(key))
+
     def is_leaf(self, key: ChunkKey) -> bool:
         return not self._kids.get(key)
 

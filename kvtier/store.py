@@ -65,6 +65,9 @@ class TieredStore:
         self = cls(config, namespace, memory, disk, tm)
         for tier in self.tiers:
             tier.on_evict = self._on_evict
+            others = [t for t in self.tiers if t is not tier]
+            if others:
+                tier.evict_guard = self._make_guard(others)
         if disk is not None:
             disk.parent_ok = self._present
             if memory is not None and config.write_policy == "write_back":
@@ -119,8 +122,9 @@ class TieredStore:
 
     def _promote(self, meta: ChunkMeta, payload: memoryview) -> None:
         if self.memory is not None and self.config.promote_on_hit:
-            if meta.parent is None or self.memory.contains(meta.parent) or self._present(meta.parent):
-                self.memory.put(meta, payload)
+            if meta.parent is None or self._present(meta.parent):
+                if self.memory.put(meta, payload) and meta.parent is not None and not self._present(meta.parent):
+                    self.memory.delete(meta.key)
 
     # -- writes -----------------------------------------------------------------------------
     def put(self, key: ChunkKey, parent: ChunkKey | None, payload: bytes | memoryview, *, num_tokens: int,
@@ -136,6 +140,10 @@ class TieredStore:
         stored = False
         if self.memory is not None:
             stored = self.memory.put(meta, src)
+            if stored and parent is not None and not self._present(parent):
+                self.memory.delete(key)   # its parent left every tier meanwhile: never keep an orphan
+                self.telemetry.event("orphan_put", "store", f"parent of {key.hex()[:16]} evicted during put")
+                return False
         if self.disk is not None and (self.memory is None or self.config.write_policy == "write_through"
                                       or not stored):
             pinned = self.memory.pin(key) if stored and self.memory is not None else None
@@ -152,6 +160,12 @@ class TieredStore:
 
     def _present(self, key: ChunkKey) -> bool:
         return any(t.contains(key) for t in self.tiers)
+
+    @staticmethod
+    def _make_guard(others: list[Tier]):
+        def keep(key: ChunkKey) -> bool:   # the last copy of a chunk whose children live elsewhere
+            return not any(t.holds(key) for t in others) and any(t.has_children(key) for t in others)
+        return keep
 
     def _on_evict(self, keys: list[ChunkKey]) -> None:
         """A tier evicted ``keys``: drop the descendants of any chunk that left every tier."""

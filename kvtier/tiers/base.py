@@ -55,6 +55,9 @@ class Tier(ABC):
 
     def __init__(self) -> None:
         self.on_evict: EvictHook | None = None
+        # set by the store: True = do not evict this candidate (it is the last copy of a
+        # chunk whose children live in another tier; evicting it would orphan them)
+        self.evict_guard: Callable[[ChunkKey], bool] | None = None
 
     @abstractmethod
     def contains(self, key: ChunkKey) -> bool:
@@ -102,6 +105,14 @@ class Tier(ABC):
     @abstractmethod
     def children(self, key: ChunkKey) -> list[ChunkKey]:
         """Chunks in this tier whose parent is ``key`` (the store follows chains across tiers)."""
+
+    @abstractmethod
+    def holds(self, key: ChunkKey) -> bool:
+        """Lock-free, I/O-free membership in this process's view (for eviction guards)."""
+
+    @abstractmethod
+    def has_children(self, key: ChunkKey) -> bool:
+        """Lock-free: does a chunk in this tier name ``key`` as its parent?"""
 
     def close(self) -> None:
         """Release resources; later calls may raise. Idempotent."""

@@ -348,8 +348,10 @@ class DiskTier(Tier):
                     used = self._ledger()
                     rescanned = False
                     while used + size > self.capacity:
+                        guard = self.evict_guard
                         with self._lock:   # never evict the new chunk's own parent
-                            victim = self._policy.pick(exclude=lambda k: k == meta.parent)
+                            victim = self._policy.pick(
+                                exclude=lambda k: k == meta.parent or (guard is not None and guard(k)))
                         if victim is None:   # learn other processes' chunks, at most every rescan_interval_s
                             if rescanned or time.monotonic() - self._scanned_at < self.rescan_interval_s:
                                 break
@@ -419,9 +421,17 @@ class DiskTier(Tier):
         with self._lock:
             return self._policy.parent(key)
 
+    def holds(self, key: ChunkKey) -> bool:
+        return key in self._index or self._writers.pending(key)
+
+    def has_children(self, key: ChunkKey) -> bool:
+        return self._policy.has_children(key) or bool(self._writers.pending_children(key))
+
     def children(self, key: ChunkKey) -> list[ChunkKey]:
+        """Indexed and pending (queued) chunks whose parent is ``key``."""
         with self._lock:
-            return sorted(self._policy.children(key))
+            kids = set(self._policy.children(key))
+        return sorted(kids.union(self._writers.pending_children(key)))
 
     def orphans(self, present: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
         with self._lock:

@@ -185,8 +185,10 @@ class MemoryTier(Tier):
                 return False
             parent = meta.parent
 
+            guard = self.evict_guard
+
             def keep(k: ChunkKey) -> bool:  # pinned slots cannot be reused yet; never cut the new chunk's prefix
-                return k == parent or self._pins[self._entries[k][0]] > 0
+                return k == parent or self._pins[self._entries[k][0]] > 0 or (guard is not None and guard(k))
             while not self._free:
                 victim = self._policy.pick(exclude=keep)
                 if victim is None:
@@ -254,6 +256,12 @@ class MemoryTier(Tier):
     def keys(self) -> list[ChunkKey]:
         with self._lock:
             return list(self._entries)
+
+    def holds(self, key: ChunkKey) -> bool:
+        return key in self._entries
+
+    def has_children(self, key: ChunkKey) -> bool:
+        return self._policy.has_children(key)
 
     def children(self, key: ChunkKey) -> list[ChunkKey]:
         with self._lock:

@@ -73,6 +73,10 @@ class WriterPool:
     def pending(self, key: ChunkKey) -> bool:
         return key in self._pending
 
+    def pending_children(self, key: ChunkKey) -> list[ChunkKey]:
+        with self._lock:
+            return [k for k, j in self._pending.items() if j.meta.parent == key and not j.cancelled]
+
     def pending_size(self, key: ChunkKey) -> int | None:
         job = self._pending.get(key)
         return None if job is None else job.meta.payload_len
@@ -157,8 +161,10 @@ class WriterPool:
                     parent_ok = self._tier.parent_ok
                     if job.meta.parent is not None and parent_ok is not None and not parent_ok(job.meta.parent):
                         self._tm.event("orphan_put", "disk", "parent left every tier before the write")
-                    else:
-                        self._tier.write(job.meta, job.view)
+                    elif self._tier.write(job.meta, job.view) and job.meta.parent is not None \
+                            and parent_ok is not None and not parent_ok(job.meta.parent):
+                        self._tier.delete(job.meta.key)     # the parent left while we wrote: no orphan
+                        self._tm.event("orphan_evicted", "disk", "parent left every tier during the write")
             except Exception as e:  # never let a writer thread die: a failed write is a dropped store
                 log.exception("kvtier disk writer failed")
                 self._tm.event("io_error", "disk", f"writer: {e}")
