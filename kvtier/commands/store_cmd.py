@@ -44,9 +44,12 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
                                                "(default: <kvtier_home>/bench-store)"),
                 volume: str = typer.Option("1GiB", "--volume", help="bytes per model per disk pass"),
                 quick: bool = typer.Option(False, "--quick", help="256MiB volume, fewer passes"),
-                json_path: Path = typer.Option(None, "--json", help="write the results as JSON here")) -> None:
+                json_path: Path = typer.Option(None, "--json", help="write the results as JSON here"),
+                md_path: Path = typer.Option(None, "--md", help="write a Markdown report here")) -> None:
     """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O."""
-    from kvtier.bench.store_bench import run
+    import time
+
+    from kvtier.bench.store_bench import run, to_markdown
     from kvtier.config import kvtier_home, parse_size
     try:
         vol = parse_size("256MiB" if quick and volume == "1GiB" else volume)
@@ -56,10 +59,15 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
     result = run(path, vol, quick, log=typer.echo)
     result["command"] = " ".join(shlex.quote(a) for a in ["kvtier", *sys.argv[1:]])
     result["cwd"] = os.getcwd()
+    result["time"] = time.time()
     if json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result, indent=1) + "\n")
         typer.echo(f"wrote {json_path}")
+    if md_path:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(to_markdown(result))
+        typer.echo(f"wrote {md_path}")
 
 
 def register(app: typer.Typer) -> None:
