@@ -10,8 +10,8 @@ setup:
 	@bash scripts/setup.sh
 
 demo: setup
-	$(VENV)/bin/kvtier doctor
-	$(VENV)/bin/kvtier generate "What is the capital of France?"
+	$(VENV)/bin/kvtier doctor --no-load
+	$(VENV)/bin/kvtier demo $(DEMO_ARGS)
 
 test: setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)

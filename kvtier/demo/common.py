@@ -12,7 +12,10 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
+import sys
+
+# Tables are wide: when output is not a terminal (CI logs, files), do not wrap at 80 columns.
+console = Console() if sys.stdout.isatty() else Console(width=160)
 
 
 class DemoError(RuntimeError):
@@ -71,8 +74,8 @@ def ratio(base: float | None, new: float | None) -> float | None:
 def comparison_table(title: str, rows: list[dict[str, Any]], baseline: dict[str, Any] | None) -> Table:
     """One row per configuration: TTFT mean/p50/p90/p99, speedup vs baseline, hit rates."""
     t = Table(title=title)
-    for col in ("configuration", "requests ok/failed", "TTFT mean s", "p50", "p90", "p99",
-                "speedup (mean)", "token hit rate", "hit rate, last half"):
+    for col in ("configuration", "ok/failed", "TTFT mean s", "p50", "p90", "p99",
+                "speedup", "hit rate", "hit rate 2nd half"):
         t.add_column(col, justify="left" if col == "configuration" else "right")
     for r in rows:
         s = r.get("summary") or {}

@@ -38,15 +38,20 @@ class CompanionDemoSize:
     vllm_kv_gib: float              # the engine's own KV space ("GPU memory")
     ram_fraction: float             # kvtier RAM budget / working set
     duration_s: float               # safety bound per configuration
+    user_tokens: int = 40           # median user message (approx tokens)
+    assistant_tokens: int = 120     # median assistant reply in the history (approx tokens)
+    resume_fraction: float = 0.5    # conversations that resume an earlier chat (long first prompt)
+    think_time_s: float = 5.0       # median pause between turns (the generator's)
+    away_time_s: float = 10.0       # median long pause ("back later") for a tenth of the turns
     seed: int = 7
 
 
-DEFAULT = CompanionDemoSize(conversations=36, turns_mean=5.0, turns_max=14, personas=6, system_tokens=700,
-                            max_prompt_tokens=4000, concurrency=6, max_tokens=8, think_time_scale=0.05,
-                            vllm_kv_gib=0.25, ram_fraction=0.25, duration_s=330)
-QUICK = CompanionDemoSize(conversations=12, turns_mean=4.0, turns_max=8, personas=3, system_tokens=600,
-                          max_prompt_tokens=3000, concurrency=4, max_tokens=4, think_time_scale=0.05,
-                          vllm_kv_gib=0.2, ram_fraction=0.25, duration_s=120)
+DEFAULT = CompanionDemoSize(conversations=12, turns_mean=7.0, turns_max=14, personas=6, system_tokens=700,
+                            max_prompt_tokens=4000, concurrency=6, max_tokens=8, think_time_scale=4.0,
+                            vllm_kv_gib=0.125, ram_fraction=0.2, duration_s=600)
+QUICK = CompanionDemoSize(conversations=6, turns_mean=5.0, turns_max=8, personas=4, system_tokens=600,
+                          max_prompt_tokens=3000, concurrency=4, max_tokens=4, think_time_scale=3.0,
+                          vllm_kv_gib=0.1, ram_fraction=0.2, duration_s=300)
 
 
 def make_workload(size: CompanionDemoSize, out: Path, tokenizer) -> tuple[Path, Any]:
@@ -57,7 +62,10 @@ def make_workload(size: CompanionDemoSize, out: Path, tokenizer) -> tuple[Path, 
 
     spec = CompanionSpec(conversations=size.conversations, turns_mean=size.turns_mean, turns_max=size.turns_max,
                          personas=size.personas, system_tokens=size.system_tokens,
-                         max_prompt_tokens=size.max_prompt_tokens, seed=size.seed)
+                         max_prompt_tokens=size.max_prompt_tokens, user_tokens=size.user_tokens,
+                         assistant_tokens=size.assistant_tokens, resume_fraction=size.resume_fraction,
+                         think_time_s=size.think_time_s,
+                         away_time_s=size.away_time_s, seed=size.seed)
     spec.validate()
     header, convs = generate_companion(spec)
     path = out / "workload.jsonl"
