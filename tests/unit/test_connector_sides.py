@@ -140,14 +140,16 @@ def test_full_hit_leaves_last_token_and_is_side_effect_free():
     s, tables = _sched(store)
     req = FakeRequest("a", tokens)
     first = s.num_new_matched_tokens(req, 0)
-    assert first == s.num_new_matched_tokens(req, 0) == 512    # 767 usable tokens -> 2 whole chunks
-    assert store.puts == []
-    s.after_alloc(req, 512)
-    req.num_computed_tokens = 512
-    meta = _step(s, tables, req, 256)
+    assert first == s.num_new_matched_tokens(req, 0) == 640    # 767 usable tokens -> 5 whole blocks
+    assert store.puts == [] and store.lookups == 2
+    s.after_alloc(req, 640)
+    req.num_computed_tokens = 640
+    meta = _step(s, tables, req, 128)
     (plan,) = meta.loads
-    assert (plan.start_token, plan.end_token) == (0, 512)
-    assert [c.block_ids for c in plan.chunks] == [tuple(tables("a")[0:2]), tuple(tables("a")[2:4])]
+    assert (plan.start_token, plan.end_token) == (0, 640)
+    t = tables("a")
+    assert [(c.first_block, c.block_ids) for c in plan.chunks] == [(0, tuple(t[0:2])), (0, tuple(t[2:4])),
+                                                                  (0, tuple(t[4:5]))]   # last chunk: 1 block
     assert meta.saves == []      # the store already holds all three chunks
 
 
@@ -158,7 +160,7 @@ def test_hit_beyond_block_aligned_local_prefix():
     s, tables = _sched(store)
     req = FakeRequest("a", tokens)
     assert s.num_new_matched_tokens(req, 384) == 768 - 384
-    assert s.num_new_matched_tokens(req, 768) == 0         # vLLM's prefix cache already has it all
+    assert s.num_new_matched_tokens(req, 768) == 0         # vLLM's prefix cache already has all kvtier has
     assert s.num_new_matched_tokens(req, 896) == 0
     assert _admit(s, tables, req, local=384) == 384
     tables.alloc("a", 384)
@@ -396,3 +398,28 @@ def test_worker_load_deadline_turns_slow_reads_into_errors():
     assert w.take_load_errors() == set(tables("b")[2:6])
     o = w.take_worker_meta().loads["b"]
     assert o.error == "timeout" and (o.loaded_tokens, o.failed_tokens) == (256, 512)
+
+
+def test_full_hit_loads_part_of_the_last_chunk_exactly():
+    store = FakeStore()
+    tokens = _prompt(1536)                  # 6 full chunks; the last token lies in chunk 5
+    kv = _kv(seed=5)
+    src = _saved_store(store, tokens, kv)
+    dst = {k: torch.zeros_like(v) for k, v in kv.items()}
+    w = _worker(store, dst)
+    s, tables = _sched(store)
+    tables.next = 3
+    req = FakeRequest("b", tokens)
+    assert _admit(s, tables, req, local=256) == 1408 - 256    # up to the last whole block before the last token
+    tables.alloc("b", 256)
+    meta = _step(s, tables, req, 128)
+    (plan,) = meta.loads
+    assert [(c.first_block, len(c.block_ids)) for c in plan.chunks] == [(0, 2)] * 4 + [(0, 1)]
+    w.load(meta)
+    assert w.take_load_errors() == set()
+    t = tables("b")
+    for name in kv:
+        for i in range(2, 11):
+            assert torch.equal(dst[name][t[i]], kv[name][src[i]])
+        assert not dst[name][t[11]].any()   # the block with the last token is computed by vLLM
+    assert w.take_worker_meta().loads["b"].loaded_tokens == 1152

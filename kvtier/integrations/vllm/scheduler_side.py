@@ -154,11 +154,10 @@ class SchedulerSide:
         n, tiers = self._available_chunks(st.keys)
         st.stored_chunks = n
         st.tiers = tiers
-        max_chunks = (request.num_prompt_tokens - 1) // self.chunk_size   # leave >= 1 token to compute
-        usable = min(n, max_chunks)
-        if usable < self.min_hit_chunks:
-            usable = 0
-        hit_tokens = usable * self.chunk_size
+        # Whole blocks, and never the prompt's last token (vLLM must compute >= 1 token): the
+        # last chunk may be loaded in part, so a full hit leaves the same tail as vLLM's own cache.
+        limit = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
+        hit_tokens = 0 if n < self.min_hit_chunks else min(n * self.chunk_size, limit)
         claim = max(0, hit_tokens - num_computed_tokens)
         st.claim_start, st.claim_end = (num_computed_tokens, hit_tokens) if claim else (0, 0)
         if self.metrics:
@@ -169,12 +168,12 @@ class SchedulerSide:
         st = self._reqs.get(request.request_id)
         if st is None or num_external_tokens == 0:
             return {}
-        first = st.claim_start // self.chunk_size
+        c = self.chunk_size
         out: dict[str, int] = {}
-        for c in range(first, st.claim_end // self.chunk_size):
-            tier = st.tiers[c] if c < len(st.tiers) else "unknown"
-            lo = max(c * self.chunk_size, st.claim_start)
-            out[tier] = out.get(tier, 0) + (c + 1) * self.chunk_size - lo
+        for ci in range(st.claim_start // c, -(-st.claim_end // c)):
+            tier = st.tiers[ci] if ci < len(st.tiers) else "unknown"
+            n = min(st.claim_end, (ci + 1) * c) - max(st.claim_start, ci * c)
+            out[tier] = out.get(tier, 0) + n
         return out
 
     # -- allocation / step planning ----------------------------------------------------------
@@ -190,7 +189,7 @@ class SchedulerSide:
             return
         end = st.claim_end
         start = end - num_external_tokens
-        if start != st.claim_start or start % self.block_size or end % self.chunk_size:
+        if start != st.claim_start or start % self.block_size or end % self.block_size:
             # vLLM admitted a different range than claimed: load nothing rather than guess.
             log.error("kvtier: inconsistent claim for %s: claimed [%d,%d), admitted %d external tokens",
                       request.request_id, st.claim_start, st.claim_end, num_external_tokens)
@@ -224,9 +223,10 @@ class SchedulerSide:
             log.error("kvtier: block table of %s too short for load [%d,%d)", req_id, start, end)
             return None
         chunks = []
-        for ci in range(start // c, end // c):
-            first = max(0, start // bs - ci * bpc)
-            chunks.append(LoadChunk(bytes(st.keys[ci]), tuple(table[ci * bpc + first:(ci + 1) * bpc]), first))
+        for ci in range(start // c, -(-end // c)):     # chunks overlapping [start, end)
+            first = (max(start, ci * c) - ci * c) // bs
+            last = (min(end, (ci + 1) * c) - ci * c) // bs
+            chunks.append(LoadChunk(bytes(st.keys[ci]), tuple(table[ci * bpc + first:ci * bpc + last]), first))
         return LoadPlan(req_id, start, end, tuple(chunks))
 
     def _save_chunks(self, req_id: str, st: _ReqState, num_new: int, table: list[int]) -> list[SaveChunk]:
