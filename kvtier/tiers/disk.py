@@ -29,13 +29,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
-import xxhash
 
 from kvtier.chunk import ChunkError, ChunkMeta, encode_header, file_size
 from kvtier.eviction import EvictionPolicy, PolicyName
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
-from kvtier.tiers import diskio
+from kvtier.tiers import diskio, manifest
 from kvtier.tiers.base import Tier, TierUsage, as_byte_view
 from kvtier.tiers.writer import Job, WriterPool
 
@@ -202,37 +201,17 @@ class DiskTier(Tier):
         self._scanned_at = time.monotonic()
 
     # -- manifest: a hint that saves reading 100k headers at open -----------------------------
-    _MANIFEST_REC = 64
-
     def _load_manifest(self) -> dict[ChunkKey, ChunkKey | None]:
-        """key -> parent from ``manifest`` (written at close); {} if absent or damaged."""
-        try:
-            data = (self.root / "manifest").read_bytes()
-        except OSError:
-            return {}
-        body, digest = data[:-16], data[-16:]
-        if len(data) < 16 or len(body) % self._MANIFEST_REC or xxhash.xxh3_128_digest(body) != digest:
-            return {}
-        zero = bytes(32)
-        out: dict[ChunkKey, ChunkKey | None] = {}
-        for off in range(0, len(body), self._MANIFEST_REC):
-            parent = body[off + 32:off + 64]
-            out[ChunkKey(body[off:off + 32])] = None if parent == zero else ChunkKey(parent)
-        return out
+        return manifest.load(self.root / "manifest")
 
     def save_manifest(self) -> None:
         """Atomically write (key, parent) of every indexed chunk with a known parent."""
-        zero = bytes(32)
         with self._lock:
-            body = b"".join(k + (self._policy.parent(k) or zero) for k in self._index
-                            if k not in self._unknown_parent)
+            records = [(k, self._policy.parent(k)) for k in self._index if k not in self._unknown_parent]
         tmp = f"{self._tmp}/manifest.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(body + xxhash.xxh3_128_digest(body))
-            os.replace(tmp, self.root / "manifest")
+            manifest.save(self.root / "manifest", tmp, records)
         except OSError as e:
-            _unlink_quiet(tmp)
             self._tm.event("io_error", self.name, f"manifest: {e}")
 
     # -- Tier API -------------------------------------------------------------------------
@@ -282,15 +261,20 @@ class DiskTier(Tier):
 
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         try:
-            size = os.stat(self.path_of(key)).st_size
+            size: int | None = os.stat(self.path_of(key)).st_size
         except OSError:
             size = self._writers.pending_size(key)
-            if size is None:
-                return self.get_into(key, memoryview(bytearray(0)))  # counts the miss / event
-        buf = memoryview(bytearray(max(size, 0)))
+        if size is None:
+            if key in self._index:
+                self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")
+                self._index_drop(key)
+            self._tm.miss(self.name)
+            return None
+        buf = memoryview(bytearray(size))
         try:
             meta = self.get_into(key, buf)
-        except ValueError:   # the file changed size under us: replaced by another writer
+        except ValueError:   # replaced meanwhile by a larger chunk file (another writer): a miss
+            self._tm.miss(self.name)
             return None
         return None if meta is None else (meta, buf[:meta.payload_len])
 

@@ -156,15 +156,9 @@ class WriterPool:
             job = self._q.get()
             if job is None:
                 return
+            published = False
             try:
-                if not job.cancelled:
-                    parent_ok = self._tier.parent_ok
-                    if job.meta.parent is not None and parent_ok is not None and not parent_ok(job.meta.parent):
-                        self._tm.event("orphan_put", "disk", "parent left every tier before the write")
-                    elif self._tier.write(job.meta, job.view) and job.meta.parent is not None \
-                            and parent_ok is not None and not parent_ok(job.meta.parent):
-                        self._tier.delete(job.meta.key)     # the parent left while we wrote: no orphan
-                        self._tm.event("orphan_evicted", "disk", "parent left every tier during the write")
+                published = self._write(job)
             except Exception as e:  # never let a writer thread die: a failed write is a dropped store
                 log.exception("kvtier disk writer failed")
                 self._tm.event("io_error", "disk", f"writer: {e}")
@@ -172,10 +166,30 @@ class WriterPool:
                 with self._lock:
                     if self._pending.get(job.meta.key) is job:
                         del self._pending[job.meta.key]
-                    self._inflight -= 1
-                    self._idle.notify_all()
                 job.drop()
+                try:
+                    if not published:   # the chunk left this tier: its children may now be orphans
+                        self._tier._report_evicted([job.meta.key])
+                finally:
+                    with self._lock:
+                        self._inflight -= 1
+                        self._idle.notify_all()
                 QUEUE_DEPTH.set(self._q.qsize())
+
+    def _write(self, job: Job) -> bool:
+        if job.cancelled:
+            return False
+        parent, parent_ok = job.meta.parent, self._tier.parent_ok
+        if parent is not None and parent_ok is not None and not parent_ok(parent):
+            self._tm.event("orphan_put", "disk", "parent left every tier before the write")
+            return False
+        if not self._tier.write(job.meta, job.view):
+            return False
+        if parent is not None and parent_ok is not None and not parent_ok(parent):
+            self._tier.delete(job.meta.key)     # the parent left while we wrote: no orphan
+            self._tm.event("orphan_evicted", "disk", "parent left every tier during the write")
+            return False
+        return True
 
     def flush(self, timeout: float | None = None) -> bool:
         with self._lock:
