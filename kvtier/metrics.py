@@ -11,6 +11,7 @@ metrics and ``prometheus_client.start_http_server`` see them) and are prefixed
     dropped_store a put was dropped: write queue full, no free memory slot, too large
     orphan_put    a put whose parent chunk is nowhere in the store (dropped: it could never be hit)
     orphan_evicted a chunk removed because its parent left every tier
+    temp_cleaned  temp files of dead writers removed at open
 """
 
 from __future__ import annotations
