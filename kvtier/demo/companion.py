@@ -40,16 +40,16 @@ class CompanionDemoSize:
     duration_s: float               # safety bound per configuration
     user_tokens: int = 40           # median user message (approx tokens)
     assistant_tokens: int = 120     # median assistant reply in the history (approx tokens)
-    resume_fraction: float = 0.5    # conversations that resume an earlier chat (long first prompt)
+    resume_fraction: float = 0.15   # conversations that resume an earlier chat (long, cold first prompt)
     think_time_s: float = 5.0       # median pause between turns (the generator's)
     away_time_s: float = 10.0       # median long pause ("back later") for a tenth of the turns
     seed: int = 7
 
 
-DEFAULT = CompanionDemoSize(conversations=12, turns_mean=7.0, turns_max=14, personas=6, system_tokens=700,
+DEFAULT = CompanionDemoSize(conversations=10, turns_mean=7.0, turns_max=14, personas=6, system_tokens=700,
                             max_prompt_tokens=4000, concurrency=6, max_tokens=8, think_time_scale=4.0,
-                            vllm_kv_gib=0.125, ram_fraction=0.2, duration_s=600)
-QUICK = CompanionDemoSize(conversations=6, turns_mean=5.0, turns_max=8, personas=4, system_tokens=600,
+                            vllm_kv_gib=0.125, ram_fraction=0.2, duration_s=720)
+QUICK = CompanionDemoSize(conversations=6, turns_mean=6.0, turns_max=10, personas=4, system_tokens=600,
                           max_prompt_tokens=3000, concurrency=4, max_tokens=4, think_time_scale=3.0,
                           vllm_kv_gib=0.1, ram_fraction=0.2, duration_s=300)
 
