@@ -112,6 +112,7 @@ def _engine_main(argv: list[str]) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--max-batched", type=int, default=MAX_BATCHED)
     a = ap.parse_args(argv)
 
     from kvtier.runtime import apply_vllm_env
@@ -139,7 +140,7 @@ def _engine_main(argv: list[str]) -> int:
         out.write_text(json.dumps(result))
 
     llm = make_llm(a.model, dtype=a.dtype, max_model_len=8448, kv_transfer_config=kvt,
-                   max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=True)
+                   max_num_batched_tokens=a.max_batched, enable_prefix_caching=True)
     tok = llm.get_tokenizer()
     _ttft(llm, bench_prompts(tok, 64, 1, "warmup")[0])  # first-call overheads out of the way
     for n in lengths:
@@ -200,16 +201,18 @@ class TtftReport:
     dtype: str
     repeats: int
     disk_read_bytes_per_s: float | None
+    max_num_batched_tokens: int = MAX_BATCHED
     rows: list[TtftRow] = field(default_factory=list)
     crashes: dict = field(default_factory=dict)
 
 
 def _run_engine(role: str, model: str, dtype: str, lengths: list[int], repeats: int, root: Path,
-                timeout_s: float, log) -> tuple[dict | None, str | None]:
+                timeout_s: float, log, max_batched: int = MAX_BATCHED) -> tuple[dict | None, str | None]:
     out = root / f"{role}.json"
     logf = root / f"{role}.log"
     cmd = [sys.executable, "-m", "kvtier.bench.ttft", "_engine", role, "--model", model, "--dtype", dtype,
-           "--lengths", ",".join(map(str, lengths)), "--repeats", str(repeats), "--dir", str(root), "--out", str(out)]
+           "--lengths", ",".join(map(str, lengths)), "--repeats", str(repeats), "--dir", str(root), "--out", str(out),
+           "--max-batched", str(max_batched)]
     log(f"[ttft] {role}: starting engine")
     t0 = time.time()
     with open(logf, "w") as lf:
@@ -220,8 +223,9 @@ def _run_engine(role: str, model: str, dtype: str, lengths: list[int], repeats: 
     partial = json.loads(out.read_text()) if out.exists() else None
     log(f"[ttft] {role}: rc={rc} in {time.time() - t0:.0f}s")
     if rc != 0:
-        tail = logf.read_text(errors="replace").splitlines()[-60:]
-        err = next((l for l in reversed(tail) if "Error" in l or "error" in l), tail[-1] if tail else "no output")
+        lines = logf.read_text(errors="replace").splitlines()
+        roots = [l for l in lines if "Error:" in l and "EngineDeadError" not in l]   # the root cause first
+        err = roots[0] if roots else (lines[-1] if lines else "no output")
         return partial, f"exit {rc}: {err.strip()[:300]}"
     return partial, None
 
@@ -237,8 +241,12 @@ def _kv_bytes_per_token(model: str, dtype: str) -> int:
     return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head * item
 
 
+ALL_ROLES = ("vanilla", "kvtier-w", "kvtier-r", "example-w", "example-r")
+
+
 def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dtype: str = "float32",
-             with_example: bool = True, timeout_s: float = 1800, command: str = "", log=print) -> TtftReport:
+             with_example: bool = True, timeout_s: float = 1800, command: str = "", log=print,
+             roles: tuple[str, ...] | None = None, max_batched: int = MAX_BATCHED) -> TtftReport:
     import shutil
 
     if workdir.exists():
@@ -246,16 +254,18 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
     workdir.mkdir(parents=True)
     runs: dict[str, dict | None] = {}
     crashes: dict[str, str] = {}
-    roles = ["vanilla", "kvtier-w", "kvtier-r"] + (["example-w", "example-r"] if with_example else [])
+    if roles is None:
+        roles = ("vanilla", "kvtier-w", "kvtier-r") + (("example-w", "example-r") if with_example else ())
+    with_example = "example-r" in roles
     for role in roles:
-        res, err = _run_engine(role, model, dtype, lengths, repeats, workdir, timeout_s, log)
+        res, err = _run_engine(role, model, dtype, lengths, repeats, workdir, timeout_s, log, max_batched)
         runs[role] = res
         if err:
             crashes[role] = err
     bw = disk_read_bandwidth(workdir / "kvtier") if (workdir / "kvtier").exists() else None
     per_tok = _kv_bytes_per_token(model, dtype)
     report = TtftReport(command=command, machine=machine_description(), model=model, dtype=dtype,
-                        repeats=repeats, disk_read_bytes_per_s=bw, crashes=crashes)
+                        repeats=repeats, disk_read_bytes_per_s=bw, crashes=crashes, max_num_batched_tokens=max_batched)
 
     def rows(role):
         return (runs.get(role) or {}).get("rows", {})
@@ -330,7 +340,8 @@ def report_markdown(report: TtftReport) -> str:
              f"Command: `{report.command}`", "",
              "Machine: " + ", ".join(f"{k}={v}" for k, v in report.machine.items()), "",
              f"Disk read bandwidth (chunk files, page cache evicted): "
-             f"{f((report.disk_read_bytes_per_s or 0) / 1e6, 0)} MB/s. Median of {report.repeats} prompts.", "",
+             f"{f((report.disk_read_bytes_per_s or 0) / 1e6, 0)} MB/s. Median of {report.repeats} prompts. "
+             f"max_num_batched_tokens={report.max_num_batched_tokens}. Times in seconds.", "",
              "| prompt | vanilla | APC hit | kvtier miss | kvtier RAM | kvtier SSD | ideal SSD | SSD/ideal "
              "| ExampleConnector | speedup vs Example | miss overhead |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -24,6 +24,9 @@ def ttft(
     md_path: Path = typer.Option(None, "--md", help="Write a Markdown table here."),
     example: bool = typer.Option(True, "--example/--no-example", help="Also measure vLLM's ExampleConnector."),
     timeout_s: float = typer.Option(1800, help="Per-engine timeout in seconds."),
+    roles: str = typer.Option(None, help="Only these engines, comma-separated: "
+                              "vanilla,kvtier-w,kvtier-r,example-w,example-r (readers need their writer)."),
+    max_batched: int = typer.Option(2048, help="max_num_batched_tokens (below the prompt length = chunked prefill)."),
 ) -> None:
     """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
     try:
@@ -34,7 +37,14 @@ def ttft(
         raise typer.BadParameter("--lengths must each be between 300 and 8192 tokens")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise typer.BadParameter(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
-    from kvtier.bench.ttft import report_json, report_markdown, run_ttft
+    from kvtier.bench.ttft import ALL_ROLES, report_json, report_markdown, run_ttft
+
+    role_list = None
+    if roles:
+        role_list = tuple(r.strip() for r in roles.split(",") if r.strip())
+        bad = [r for r in role_list if r not in ALL_ROLES]
+        if bad:
+            raise typer.BadParameter(f"unknown roles {bad}; choose from {','.join(ALL_ROLES)}")
     from kvtier.config import kvtier_home
     from kvtier.model import default_model_path
 
@@ -45,7 +55,8 @@ def ttft(
     workdir = workdir or kvtier_home() / "bench" / "ttft"
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = run_ttft(str(model), workdir, ns, repeats=repeats, dtype=dtype, with_example=example,
-                      timeout_s=timeout_s, command=command, log=lambda m: err.print(m))
+                      timeout_s=timeout_s, command=command, log=lambda m: err.print(m), roles=role_list,
+                      max_batched=max_batched)
     md = report_markdown(report)
     print(md)
     if json_path:
