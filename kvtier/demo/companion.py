@@ -74,7 +74,7 @@ def make_workload(size: CompanionDemoSize, out: Path, tokenizer) -> tuple[Path, 
     return path, stats
 
 
-def server_specs(size: CompanionDemoSize, facts: ModelFacts, working_set_bytes: int, disk_dir: Path):
+def server_specs(size: CompanionDemoSize, facts: ModelFacts, working_set_bytes: int):
     """vanilla, kvtier RAM-only, kvtier RAM+SSD — same engine KV space, same RAM budget."""
     from kvtier.server import ServerSpec
 
@@ -83,8 +83,8 @@ def server_specs(size: CompanionDemoSize, facts: ModelFacts, working_set_bytes: 
     common = dict(model=str(facts.path), max_model_len=size.max_prompt_tokens + 512 + size.max_tokens,
                   kv_cache_space_gib=size.vllm_kv_gib)
     ram_only = {"store": {"memory": {"capacity": ram}, "disk": {"enabled": False}}}
-    ram_ssd = {"store": {"memory": {"capacity": ram},
-                         "disk": {"enabled": True, "path": str(disk_dir), "capacity": ssd}}}
+    # no disk path: `run_compare` gives the configuration a fresh empty directory and removes it afterwards
+    ram_ssd = {"store": {"memory": {"capacity": ram}, "disk": {"enabled": True, "capacity": ssd}}}
     return [ServerSpec(name="vanilla", **common),
             ServerSpec(name="kvtier-ram", kvtier_config=ram_only, **common),
             ServerSpec(name="kvtier-ram-ssd", kvtier_config=ram_ssd, **common)], ram, ssd
@@ -101,7 +101,7 @@ def run(size: CompanionDemoSize, out: Path, facts: ModelFacts, *, quick: bool) -
         wl_path, stats = make_workload(size, out, load_tokenizer(facts.path))
     unique_tokens = stats.total_prompt_tokens - stats.ideal_hit_tokens
     working_set = unique_tokens * facts.kv_bytes_per_token
-    specs, ram, ssd = server_specs(size, facts, working_set, out / "ssd")
+    specs, ram, ssd = server_specs(size, facts, working_set)
     check_free_disk(out, working_set * 2)
     console.print(f"workload: {stats.conversations} conversations, {stats.requests} requests, "
                   f"{stats.total_prompt_tokens:,} prompt tokens; ideal (infinite-cache) hit rate "
