@@ -112,14 +112,29 @@ class KvtierConfig(_Section):
     metrics: MetricsConfig = MetricsConfig()
 
 
-def _deep_merge(base: dict, over: Mapping) -> dict:
+def deep_merge(base: Mapping, over: Mapping) -> dict:
+    """``base`` updated with ``over``, nested mappings merged key by key (neither input is changed)."""
     out = dict(base)
     for k, v in over.items():
-        if isinstance(v, Mapping) and isinstance(out.get(k), dict):
-            out[k] = _deep_merge(out[k], v)
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
         else:
             out[k] = v
     return out
+
+
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file that must hold a mapping at top level; ConfigError (one line) otherwise."""
+    p = Path(path)
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {p} must hold a mapping at top level")
+    return loaded
 
 
 def _env_tree(env: Mapping[str, str]) -> dict:
@@ -148,21 +163,10 @@ def _first_error_line(err: ValidationError) -> str:
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,
                 overrides: Mapping[str, Any] | None = None) -> KvtierConfig:
     """Build the config: defaults <- YAML file <- KVTIER_* env <- overrides. Raises ConfigError."""
-    data: dict = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            loaded = yaml.safe_load(p.read_text()) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {p}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {p} must hold a mapping at top level")
-        data = loaded
-    data = _deep_merge(data, _env_tree(os.environ if env is None else env))
+    data = read_yaml_mapping(path) if path is not None else {}
+    data = deep_merge(data, _env_tree(os.environ if env is None else env))
     if overrides:
-        data = _deep_merge(data, overrides)
+        data = deep_merge(data, overrides)
     try:
         return KvtierConfig.model_validate(data)
     except ValidationError as e:

@@ -37,7 +37,7 @@ from kvtier.bench.replay import (ReplayError, ReplayOptions, load_conversations,
                                  write_json)
 from kvtier.bench.report import RunView, render_report
 from kvtier.bench.slo import SloOptions, SloResult, run_slo
-from kvtier.config import ConfigError, KvtierConfig
+from kvtier.config import ConfigError, KvtierConfig, deep_merge, read_yaml_mapping
 from kvtier.server import DEFAULT_READY_TIMEOUT_S, ServerError, ServerSpec, VllmServer
 
 SPEEDUP_KEYS = ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "e2e_mean")
@@ -102,7 +102,7 @@ def load_compare_specs(path: str | Path, model: str | None = None) -> list[Serve
                               f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
         kv: dict[str, Any] | None = None
         if entry.kvtier is not None or entry.kvtier_config_file is not None:
-            base = _read_mapping(p.parent / entry.kvtier_config_file) if entry.kvtier_config_file else {}
+            base = read_yaml_mapping(p.parent / entry.kvtier_config_file) if entry.kvtier_config_file else {}
             kv = _kvtier_dict(base, entry.kvtier or {}, entry.name)
         specs.append(ServerSpec(name=entry.name, model=entry.model or model or default_model(), port=entry.port,
                                 max_model_len=entry.max_model_len, max_num_batched_tokens=entry.max_num_batched_tokens,
@@ -115,35 +115,16 @@ def load_compare_specs(path: str | Path, model: str | None = None) -> list[Serve
     return specs
 
 
-def _read_mapping(path: Path) -> dict[str, Any]:
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError(f"kvtier config file not found: {path}") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path} is not valid YAML: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping at top level")
-    return data
-
-
 def _kvtier_dict(base: dict[str, Any], over: dict[str, Any], name: str) -> dict[str, Any]:
     """Merge, then validate everything but a missing disk path (filled in per run)."""
-    merged = _merge(base, over)
-    probe = _merge(merged, {"store": {"disk": {"path": "/placeholder"}}}) if _disk_needs_path(merged) else merged
+    merged = deep_merge(base, over)
+    probe = deep_merge(merged, {"store": {"disk": {"path": "/placeholder"}}}) if _disk_needs_path(merged) else merged
     try:
         KvtierConfig.model_validate(probe)
     except ValidationError as e:
         err = e.errors()[0]
         raise ConfigError(f"configuration {name!r}: kvtier.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
     return merged
-
-
-def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def _disk_needs_path(kv: dict[str, Any]) -> bool:
@@ -201,7 +182,7 @@ def _with_fresh_disk(spec: ServerSpec, run_dir: Path) -> tuple[ServerSpec, str |
     if spec.kvtier_config is None or not _disk_needs_path(spec.kvtier_config):
         return spec, None
     disk = tempfile.mkdtemp(prefix="disk-", dir=run_dir)
-    return replace(spec, kvtier_config=_merge(spec.kvtier_config, {"store": {"disk": {"path": disk}}})), disk
+    return replace(spec, kvtier_config=deep_merge(spec.kvtier_config, {"store": {"disk": {"path": disk}}})), disk
 
 
 def _extra_metrics(spec: ServerSpec) -> tuple[str, ...]:
