@@ -110,6 +110,17 @@ def launch_env(spec: ServerSpec) -> dict[str, str]:
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec (Linux): SIGTERM this server when its launcher dies, even by SIGKILL,
+    so a killed demo, benchmark or test never leaves a vLLM server running. No-op elsewhere."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -167,7 +178,7 @@ class VllmServer:
             log.flush()
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=env if env is not None else launch_env(spec),
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_die_with_parent)
         server = cls(spec, port, proc, log_path)
         try:
             server._wait_ready(ready_timeout_s)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -107,3 +109,31 @@ def test_launch_env_pins_the_cpu_reservation_with_and_without_a_connector(monkey
     assert plain["VLLM_CPU_KVCACHE_SPACE"] == "2"
     monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     assert launch_env(spec())["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"
+
+
+def test_server_dies_with_a_killed_launcher(tmp_path):
+    """A demo/benchmark/test killed by SIGKILL must not leave its server running."""
+    launcher = (
+        "import sys, time\n"
+        "from kvtier.server import ServerSpec, VllmServer\n"
+        f"s = VllmServer.start(ServerSpec(name='t', model='/m'), {str(tmp_path / 'server.log')!r},\n"
+        f"                     command={fake_cmd()!r}, ready_timeout_s=30)\n"
+        "print(s.process.pid, s.port, flush=True)\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, text=True, env=fake_env())
+    try:
+        pid, port = map(int, proc.stdout.readline().split())
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        pytest.fail("the server outlived its killed launcher")
