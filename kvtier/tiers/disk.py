@@ -52,6 +52,17 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def is_dead_temp_file(entry: os.DirEntry) -> bool:
+    """A temp file ``<name>.<pid>...`` whose writer is another process that is gone, or that is
+    older than an hour (or whose name/stat cannot be read)."""
+    try:
+        pid = int(entry.name.split(".")[1])
+        stale = time.time() - entry.stat().st_mtime > _STALE_TMP_S
+    except (IndexError, ValueError, OSError):
+        pid, stale = -1, True
+    return pid != os.getpid() and (stale or not _pid_alive(pid))
+
+
 class DiskTier(Tier):
     name = "disk"
 
@@ -133,13 +144,7 @@ class DiskTier(Tier):
         """Remove temp files of dead writers (or older than an hour). Returns how many."""
         removed = 0
         for e in os.scandir(self._tmp):
-            parts = e.name.split(".")
-            try:
-                pid = int(parts[1])
-                stale = time.time() - e.stat().st_mtime > _STALE_TMP_S
-            except (IndexError, ValueError, OSError):
-                pid, stale = -1, True
-            if pid != os.getpid() and (stale or not _pid_alive(pid)):
+            if is_dead_temp_file(e):
                 try:
                     os.unlink(e.path)
                     removed += 1

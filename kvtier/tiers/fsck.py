@@ -12,13 +12,12 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvtier.chunk import ChunkError, decode
 from kvtier.keys import ChunkKey
-from kvtier.tiers.disk import _STALE_TMP_S, SUFFIX, _pid_alive
+from kvtier.tiers.disk import SUFFIX, is_dead_temp_file
 
 
 @dataclass
@@ -69,13 +68,7 @@ def _check_namespace(nsdir: Path, report: CheckReport, repair: bool) -> None:
     except (OSError, ValueError, KeyError):
         ns_digest = None
     for e in os.scandir(nsdir / "tmp"):
-        parts = e.name.split(".")
-        try:
-            pid = int(parts[1])
-            stale = time.time() - e.stat().st_mtime > _STALE_TMP_S
-        except (IndexError, ValueError, OSError):
-            pid, stale = -1, True
-        if stale or not _pid_alive(pid):
+        if is_dead_temp_file(e):
             report.temp_files.append(e.path)
     files = _chunk_files(nsdir / "chunks")
     report.chunks += len(files)
