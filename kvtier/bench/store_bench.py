@@ -4,18 +4,27 @@ Per model chunk size (default model: 23,040 B/token x 256 tokens; 7B-class: 57,3
 
 * memory: ``MemoryTier`` put / ``get_into`` (reused, pre-faulted output buffer) vs a
   plain memcpy of the same bytes from a pre-faulted slab into the same buffer.
-* disk: ``DiskTier`` sequential put (write temp + publish) and ``get_into`` of every
-  chunk after the files were dropped from the page cache (fsync + POSIX_FADV_DONTNEED),
-  vs raw sequential O_DIRECT write/read of the same volume in chunk-sized blocks
-  (fio when installed, else the same I/O done raw here). Run once with O_DIRECT
-  (apples to apples with the raw figures) and once buffered (page cache, fsync=never).
+* disk: ``DiskTier`` sequential put (write temp + publish, one thread, queue depth 1)
+  and ``get_into`` of every chunk after the files were dropped from the page cache
+  (fsync + POSIX_FADV_DONTNEED), vs raw sequential O_DIRECT write/read of the same
+  volume in chunk-sized blocks, no checksum (fio when installed, else the same I/O
+  done raw here). Tier variants: ``direct`` (O_DIRECT reads and writes: apples to
+  apples with the raw figures, the headline), ``direct_write`` (O_DIRECT writes,
+  buffered reads with kernel readahead) and ``buffered`` (page cache both ways).
 * lookup: ``TieredStore.lookup`` of a 32K-token prompt (128 chunks) held on disk
   (one stat per chunk: the worst case) and in RAM, and key hashing separately.
+
+Statistics: the disk of a VM varies run to run (2x here), so every figure is taken
+in ``repeat`` rounds. In each round the raw pass and the headline tier pass run back
+to back (order alternating between rounds) so both see the same disk state; the
+report gives per-figure medians with min/max, and each ratio as the median of the
+per-round ratios (``*_vs_*``) next to the ratio of the medians (``*_vs_*_of_medians``).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import platform
 import shutil
@@ -23,6 +32,7 @@ import statistics
 import subprocess
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -37,6 +47,26 @@ from kvtier.tiers.memory import MemoryTier
 MODELS = {"default": 23_040, "7b": 57_344}      # KV bytes per token
 TOKENS = 256
 GB = 1e9
+# disk tier variants: name -> (o_direct writes, o_direct reads)
+VARIANTS = {"direct": (True, True), "direct_write": (True, False), "buffered": (False, False)}
+HEADLINE = "direct"
+
+
+# -- statistics ---------------------------------------------------------------------------
+def spread(xs: list[float], nd: int = 3) -> dict:
+    """Median, min and max of one figure's per-round values."""
+    return {"median": round(statistics.median(xs), nd), "min": round(min(xs), nd), "max": round(max(xs), nd)}
+
+
+def ratio_stats(num: list[float], den: list[float]) -> dict:
+    """Per-round ratios num[i]/den[i]: their median, min and max, and the ratio of the medians."""
+    rs = [a / b for a, b in zip(num, den, strict=True)]
+    return {**spread(rs), "of_medians": round(statistics.median(num) / statistics.median(den), 3)}
+
+
+def order(round_index: int, first: str, second: str) -> tuple[str, str]:
+    """The two back-to-back passes of a round; the order alternates between rounds."""
+    return (first, second) if round_index % 2 == 0 else (second, first)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -48,10 +78,16 @@ def _lat(xs: list[float]) -> dict:
     return {"p50_ms": round(_pct(xs, 50), 3), "p99_ms": round(_pct(xs, 99), 3)}
 
 
+# -- buffers, files -----------------------------------------------------------------------
 def _aligned(n: int) -> memoryview:
-    import mmap
     m = mmap.mmap(-1, (n + ALIGN - 1) // ALIGN * ALIGN, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE)
     return memoryview(m)
+
+
+def _random(n: int, seed: int) -> memoryview:
+    buf = _aligned(n)
+    buf[:n] = np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+    return buf[:n]
 
 
 def _drop_cache(paths: list[str]) -> None:
@@ -68,69 +104,96 @@ def _ns(chunk_bytes: int) -> Namespace:
     return Namespace("bench", f"chunk{chunk_bytes}", "bfloat16", "bench", 16, TOKENS)
 
 
-def bench_memory(chunk: int, n: int, passes: int) -> dict:
-    rng = np.random.default_rng(0)
-    src = _aligned(chunk)
-    src[:] = rng.integers(0, 256, chunk, dtype=np.uint8).tobytes()
+# -- memory -------------------------------------------------------------------------------
+def bench_memory(chunk: int, n: int, repeat: int, passes: int) -> dict:
+    """memcpy vs MemoryTier, ``repeat`` rounds of (baseline, tier) passes back to back."""
+    src = _random(chunk, 0)
     out = _aligned(chunk)
     slab = _aligned(chunk * n)
-    # raw put: memcpy the source into slot i of a pre-faulted slab (this also fills the slab
-    # with real data, so the get baseline does not read the shared zero page)
-    t0 = time.perf_counter()
-    for _ in range(passes):
-        for i in range(n):
-            slab[i * chunk:(i + 1) * chunk] = src
-    memcpy_put = passes * n * chunk / (time.perf_counter() - t0) / GB
-    # raw get: memcpy slot i into the same pre-faulted output buffer
-    t0 = time.perf_counter()
-    for _ in range(passes):
-        for i in range(n):
-            out[:chunk] = slab[i * chunk:(i + 1) * chunk]
-    memcpy = passes * n * chunk / (time.perf_counter() - t0) / GB
-    slab.release()
+    for i in range(n):          # real data in the slab: the get baseline must not read the zero page
+        slab[i * chunk:(i + 1) * chunk] = src
     tier = MemoryTier.open(n * ((chunk + 4095) // 4096 * 4096), prefault=True, telemetry=Telemetry())
     keys = chunk_keys(_ns(chunk), np.arange(n * TOKENS))
     metas = [ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk) for k in keys]
-    put_t, get_t = [], []
     t0 = time.perf_counter()
     for m in metas:        # first fill: allocates (and with prefault populates) the slab once
         assert tier.put(m, src)
     first_fill = n * chunk / (time.perf_counter() - t0) / GB
-    for rnd in range(passes):
-        for k in keys:
-            tier.delete(k)
-        for m in metas:
-            t = time.perf_counter()
-            assert tier.put(m, src)
-            put_t.append(time.perf_counter() - t)
-    for _ in range(passes):
-        for k in keys:
-            t = time.perf_counter()
-            assert tier.get_into(k, out) is not None
-            get_t.append(time.perf_counter() - t)
+    vol = passes * n * chunk
+
+    def memcpy_put(_lat: list) -> float:
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            for i in range(n):
+                slab[i * chunk:(i + 1) * chunk] = src
+        return vol / (time.perf_counter() - t0) / GB
+
+    def memcpy_get(_lat: list) -> float:
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            for i in range(n):
+                out[:chunk] = slab[i * chunk:(i + 1) * chunk]
+        return vol / (time.perf_counter() - t0) / GB
+
+    def tier_put(lat: list) -> float:
+        ts = []
+        for _ in range(passes):
+            for k in keys:
+                tier.delete(k)
+            for m in metas:
+                t = time.perf_counter()
+                assert tier.put(m, src)
+                ts.append(time.perf_counter() - t)
+        lat += ts
+        return vol / sum(ts) / GB
+
+    def tier_get(lat: list) -> float:
+        ts = []
+        for _ in range(passes):
+            for k in keys:
+                t = time.perf_counter()
+                assert tier.get_into(k, out) is not None
+                ts.append(time.perf_counter() - t)
+        lat += ts
+        return vol / sum(ts) / GB
+
+    fig: dict[str, list[float]] = {"memcpy": [], "memcpy_put": [], "get": [], "put": []}
+    lats: dict[str, list[float]] = {"get": [], "put": []}
+    fns: dict[str, Callable[[list], float]] = {"memcpy": memcpy_get, "get": tier_get,
+                                                "memcpy_put": memcpy_put, "put": tier_put}
+    for r in range(repeat):
+        for base, mine in (("memcpy", "get"), ("memcpy_put", "put")):
+            for name in order(r, base, mine):
+                fig[name].append(fns[name](lats.get(name, [])))
     tier.close()
-    return {"memcpy_gbps": round(memcpy, 3), "memcpy_put_gbps": round(memcpy_put, 3), "put_gbps": round(len(put_t) * chunk / sum(put_t) / GB, 3),
-            "get_gbps": round(len(get_t) * chunk / sum(get_t) / GB, 3),
-            "first_fill_gbps": round(first_fill, 3), "put": _lat(put_t), "get": _lat(get_t), "chunks": n,
-            "passes": passes}
+    slab.release()
+    res = {"memcpy_gbps": spread(fig["memcpy"])["median"], "memcpy_put_gbps": spread(fig["memcpy_put"])["median"],
+           "get_gbps": spread(fig["get"])["median"], "put_gbps": spread(fig["put"])["median"],
+           "get_vs_memcpy": ratio_stats(fig["get"], fig["memcpy"]),
+           "put_vs_memcpy": ratio_stats(fig["put"], fig["memcpy_put"]),
+           "spread": {f"{k}_gbps": spread(v) for k, v in fig.items()},
+           "first_fill_gbps": round(first_fill, 3), "get": _lat(lats["get"]), "put": _lat(lats["put"]),
+           "chunks": n, "passes_per_round": passes, "rounds": repeat}
+    return res
 
 
-def raw_disk(path: Path, chunk: int, n: int) -> dict:
-    """Sequential O_DIRECT write then read of n chunk-sized blocks (fio when available)."""
+# -- disk ---------------------------------------------------------------------------------
+def raw_disk(path: Path, chunk: int, n: int, buf: memoryview | None = None) -> dict:
+    """One raw pass: sequential O_DIRECT write then read (after a page-cache drop) of n
+    chunk-sized blocks to one file, no checksum (fio when available)."""
     f = path / "raw.bin"
+    block = (chunk + ALIGN - 1) // ALIGN * ALIGN
     if shutil.which("fio"):
         res = {}
         for rw in ("write", "read"):
-            cmd = ["fio", "--name=raw", f"--filename={f}", f"--rw={rw}", f"--bs={chunk // ALIGN * ALIGN}",
-                   f"--size={n * (chunk // ALIGN * ALIGN)}", "--direct=1", "--ioengine=psync",
-                   "--output-format=json", "--end_fsync=1"]
+            cmd = ["fio", "--name=raw", f"--filename={f}", f"--rw={rw}", f"--bs={block}", f"--size={n * block}",
+                   "--direct=1", "--ioengine=psync", "--output-format=json", "--end_fsync=1"]
             out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-            res[f"raw_{rw}_gbps"] = round(out["jobs"][0][rw]["bw_bytes"] / GB, 3)
+            res[f"raw_{rw}_gbps"] = out["jobs"][0][rw]["bw_bytes"] / GB
         f.unlink()
         return {**res, "raw_tool": "fio"}
-    block = (chunk + ALIGN - 1) // ALIGN * ALIGN
-    buf = _aligned(block)
-    buf[:] = np.random.default_rng(1).integers(0, 256, block, dtype=np.uint8).tobytes()
+    if buf is None:
+        buf = _random(block, 1)
     fd, direct = open_direct(str(f), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, True)
     t0 = time.perf_counter()
     for i in range(n):
@@ -146,25 +209,29 @@ def raw_disk(path: Path, chunk: int, n: int) -> dict:
     r = n * block / (time.perf_counter() - t0) / GB
     os.close(fd)
     f.unlink()
-    return {"raw_write_gbps": round(w, 3), "raw_read_gbps": round(r, 3), "raw_tool": "python" + ("" if direct else "-buffered")}
+    return {"raw_write_gbps": w, "raw_read_gbps": r, "raw_tool": "python" + ("" if direct else "-buffered")}
 
 
-def bench_disk(path: Path, chunk: int, n: int, o_direct: bool) -> dict:
+def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bool | None = None,
+               src: memoryview | None = None) -> dict:
+    """One tier pass: put every chunk (synchronous ``DiskTier.put``, one thread), sync, drop the
+    files from the page cache, ``get_into`` every chunk."""
     ns = _ns(chunk)
     shutil.rmtree(path / ns.short_id(), ignore_errors=True)
-    tier = DiskTier.open(path, ns, capacity=n * (chunk + 8192) + 2**20, o_direct=o_direct, telemetry=Telemetry())
-    src = _aligned(chunk)
-    src[:] = np.random.default_rng(2).integers(0, 256, chunk, dtype=np.uint8).tobytes()
+    tier = DiskTier.open(path, ns, capacity=n * (chunk + 8192) + 2**20, o_direct=o_direct,
+                         o_direct_read=o_direct_read, telemetry=Telemetry())
+    if src is None:
+        src = _random(chunk, 2)
     out = _aligned(chunk)
     keys = chunk_keys(ns, np.arange(n * TOKENS))
     put_t, get_t = [], []
     t0 = time.perf_counter()
     for k in keys:
         t = time.perf_counter()
-        assert tier.write(ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk), src)
+        assert tier.put(ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk), src)
         put_t.append(time.perf_counter() - t)
     if o_direct:
-        os.sync()
+        os.sync()       # what O_DIRECT left in the page cache (the trailer page) is part of the put
     put_wall = time.perf_counter() - t0
     _drop_cache([tier.path_of(k) for k in keys])
     t0 = time.perf_counter()
@@ -175,10 +242,66 @@ def bench_disk(path: Path, chunk: int, n: int, o_direct: bool) -> dict:
     get_wall = time.perf_counter() - t0
     tier.close()
     shutil.rmtree(path / ns.short_id(), ignore_errors=True)
-    return {"put_gbps": round(n * chunk / put_wall / GB, 3), "get_gbps": round(n * chunk / get_wall / GB, 3),
-            "put": _lat(put_t), "get": _lat(get_t), "o_direct": o_direct, "chunks": n}
+    return {"put_gbps": n * chunk / put_wall / GB, "get_gbps": n * chunk / get_wall / GB,
+            "put_s": put_t, "get_s": get_t}
 
 
+def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: list[str], log=print) -> dict:
+    """``repeat`` rounds; each runs the raw pass and the headline tier pass back to back
+    (alternating order), then the other tier variants."""
+    block = (chunk + ALIGN - 1) // ALIGN * ALIGN
+    raw_buf = _random(block, 1)
+    src = _random(chunk, 2)
+    raw: dict[str, list[float]] = {"raw_write_gbps": [], "raw_read_gbps": []}
+    tiers = {v: {"put_gbps": [], "get_gbps": [], "put_s": [], "get_s": []} for v in variants}
+    tool = "python"
+    for r in range(repeat):
+        def run_pass(name: str) -> None:
+            nonlocal tool
+            if name == "raw":
+                res = raw_disk(path, chunk, n, raw_buf)
+                tool = res.pop("raw_tool")
+                for k, v in res.items():
+                    raw[k].append(v)
+                return
+            w, rd = VARIANTS[name]
+            res = bench_disk(path, chunk, n, o_direct=w, o_direct_read=rd, src=src)
+            for k, v in res.items():
+                tiers[name][k] += v if isinstance(v, list) else [v]
+        for name in order(r, "raw", HEADLINE):
+            run_pass(name)
+        for name in variants:
+            if name != HEADLINE:
+                run_pass(name)
+        h = tiers[HEADLINE]
+        log(f"    round {r + 1}/{repeat}: raw write {raw['raw_write_gbps'][-1]:.2f} read {raw['raw_read_gbps'][-1]:.2f}"
+            f" | {HEADLINE} put {h['put_gbps'][-1]:.2f} get {h['get_gbps'][-1]:.2f} GB/s"
+            + "".join(f" | {v} put {tiers[v]['put_gbps'][-1]:.2f} get {tiers[v]['get_gbps'][-1]:.2f}"
+                      for v in variants if v != HEADLINE))
+    out: dict = {"raw_tool": tool, "chunks": n, "rounds": repeat,
+                 "raw_write_gbps": spread(raw["raw_write_gbps"])["median"],
+                 "raw_read_gbps": spread(raw["raw_read_gbps"])["median"],
+                 "spread": {k: spread(v) for k, v in raw.items()},
+                 "per_round": {k: [round(x, 3) for x in v] for k, v in raw.items()}, "variants": {}}
+    for name, t in tiers.items():
+        w, rd = VARIANTS[name]
+        out["variants"][name] = {
+            "o_direct_write": w, "o_direct_read": rd,
+            "put_gbps": spread(t["put_gbps"])["median"], "get_gbps": spread(t["get_gbps"])["median"],
+            "get_vs_raw_read": ratio_stats(t["get_gbps"], raw["raw_read_gbps"]),
+            "put_vs_raw_write": ratio_stats(t["put_gbps"], raw["raw_write_gbps"]),
+            "spread": {"put_gbps": spread(t["put_gbps"]), "get_gbps": spread(t["get_gbps"])},
+            "per_round": {"put_gbps": [round(x, 3) for x in t["put_gbps"]],
+                          "get_gbps": [round(x, 3) for x in t["get_gbps"]]},
+            "put": _lat(t["put_s"]), "get": _lat(t["get_s"])}
+    h = out["variants"][HEADLINE]
+    out.update({"get_gbps": h["get_gbps"], "put_gbps": h["put_gbps"], "get_vs_raw_read": h["get_vs_raw_read"],
+                "put_vs_raw_write": h["put_vs_raw_write"], "get": h["get"], "put": h["put"], "tier": HEADLINE})
+    out["spread"].update(h["spread"])
+    return out
+
+
+# -- lookup, recovery ---------------------------------------------------------------------
 def bench_lookup(path: Path, reps: int = 200) -> dict:
     from kvtier.store import TieredStore
     ns = Namespace("bench", "lookup", "bfloat16", "bench", 16, TOKENS)
@@ -190,7 +313,7 @@ def bench_lookup(path: Path, reps: int = 200) -> dict:
         t_hash.append(time.perf_counter() - t)
     toks_list = toks.tolist()
     t_hash_list = []
-    for _ in range(reps // 4):
+    for _ in range(max(1, reps // 4)):
         t = time.perf_counter()
         chunk_keys(ns, toks_list)
         t_hash_list.append(time.perf_counter() - t)
@@ -211,8 +334,10 @@ def bench_lookup(path: Path, reps: int = 200) -> dict:
             assert r.num_chunks == 128
         res[f"lookup_{where}_ms_128_chunks"] = round(statistics.median(ts) * 1e3, 4)
         res[f"lookup_{where}_p99_ms"] = round(_pct(ts, 99), 4)
+        res[f"lookup_{where}_max_ms"] = round(max(ts) * 1e3, 4)
     shutil.rmtree(path / ns.short_id(), ignore_errors=True)
     res["lookup_ms_128_chunks"] = res["lookup_disk_ms_128_chunks"]
+    res["lookup_reps"] = reps
     res["keys_ms_32k_tokens_numpy"] = round(statistics.median(t_hash) * 1e3, 4)
     res["keys_ms_32k_tokens_list"] = round(statistics.median(t_hash_list) * 1e3, 4)
     return res
@@ -255,82 +380,134 @@ def machine(path: Path) -> dict:
             "cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")}
 
 
-def run(path: Path, volume: int, quick: bool, log=print) -> dict:
+# -- driver -------------------------------------------------------------------------------
+def run(path: Path, volume: int, quick: bool, log=print, repeat: int = 5, variants: list[str] | None = None,
+        recovery_chunks: int | None = None, lookup_reps: int = 200) -> dict:
+    variants = list(variants or VARIANTS)
+    if HEADLINE not in variants:
+        variants.insert(0, HEADLINE)
     path.mkdir(parents=True, exist_ok=True)
     info = machine(path)
     if info["fs_type"] == "tmpfs":
         log(f"warning: {path} is on tmpfs: disk figures measure RAM, not an SSD")
-    result: dict = {"machine": info, "volume_bytes": volume, "quick": quick, "models": {}}
+    t_start = time.perf_counter()
+    result: dict = {"machine": info, "volume_bytes": volume, "quick": quick, "repeat": repeat,
+                    "headline_variant": HEADLINE, "models": {}}
     for name, per_token in MODELS.items():
         chunk = per_token * TOKENS
         n = max(4, volume // chunk)
-        log(f"[{name}] chunk {chunk / 2**20:.2f} MiB x {n} chunks")
-        mem = bench_memory(chunk, min(n, max(4, (1 << 30) // chunk)), passes=2 if quick else 3)
-        raw = raw_disk(path, chunk, n)
-        direct = bench_disk(path, chunk, n, o_direct=True)
-        buffered = bench_disk(path, chunk, n, o_direct=False)
-        disk = {"get_gbps": direct["get_gbps"], "put_gbps": direct["put_gbps"], **raw,
-                "get": direct["get"], "put": direct["put"], "chunks": n}
-        disk["get_vs_raw_read"] = round(disk["get_gbps"] / raw["raw_read_gbps"], 3)
-        disk["put_vs_raw_write"] = round(disk["put_gbps"] / raw["raw_write_gbps"], 3)
-        mem["get_vs_memcpy"] = round(mem["get_gbps"] / mem["memcpy_gbps"], 3)
-        result["models"][name] = {"chunk_bytes": chunk, "memory": mem, "disk": disk, "disk_buffered": buffered}
-        log(f"  memory get {mem['get_gbps']:.2f} GB/s = {mem['get_vs_memcpy']:.2f}x memcpy {mem['memcpy_gbps']:.2f}"
-            f" (target >= 0.5x); put {mem['put_gbps']:.2f} GB/s vs memcpy into slots {mem['memcpy_put_gbps']:.2f}; get p50/p99 {mem['get']['p50_ms']}/{mem['get']['p99_ms']} ms")
-        log(f"  disk   get {disk['get_gbps']:.2f} GB/s = {disk['get_vs_raw_read']:.2f}x raw read {raw['raw_read_gbps']:.2f}"
-            f" (target >= 0.9x); put {disk['put_gbps']:.2f} GB/s = {disk['put_vs_raw_write']:.2f}x raw write"
-            f" {raw['raw_write_gbps']:.2f} (target >= 0.8x) [{raw['raw_tool']}]")
-        log(f"  disk   get p50/p99 {disk['get']['p50_ms']}/{disk['get']['p99_ms']} ms, put p50/p99 "
-            f"{disk['put']['p50_ms']}/{disk['put']['p99_ms']} ms; buffered (page cache) get {buffered['get_gbps']:.2f}"
-            f" put {buffered['put_gbps']:.2f} GB/s")
-    lk = bench_lookup(path)
+        log(f"[{name}] chunk {chunk / 2**20:.2f} MiB x {n} chunks, {repeat} rounds")
+        mem = bench_memory(chunk, min(n, max(4, (1 << 30) // chunk)), repeat, passes=1 if quick else 2)
+        disk = bench_disk_rounds(path, chunk, n, repeat, variants, log=log)
+        result["models"][name] = {"chunk_bytes": chunk, "memory": mem, "disk": disk}
+        g, p = disk["get_vs_raw_read"], disk["put_vs_raw_write"]
+        log(f"  memory get {mem['get_gbps']:.2f} GB/s = {mem['get_vs_memcpy']['median']:.2f}x memcpy "
+            f"{mem['memcpy_gbps']:.2f} (target >= 0.5x); put {mem['put_gbps']:.2f} GB/s vs memcpy into slots "
+            f"{mem['memcpy_put_gbps']:.2f}; get p50/p99 {mem['get']['p50_ms']}/{mem['get']['p99_ms']} ms")
+        log(f"  disk ({HEADLINE}) get {disk['get_gbps']:.2f} GB/s = {g['median']:.2f}x raw read "
+            f"{disk['raw_read_gbps']:.2f} [rounds {g['min']:.2f}-{g['max']:.2f}] (target >= 0.9x); put "
+            f"{disk['put_gbps']:.2f} GB/s = {p['median']:.2f}x raw write {disk['raw_write_gbps']:.2f} "
+            f"[rounds {p['min']:.2f}-{p['max']:.2f}] (target >= 0.8x) [{disk['raw_tool']}]")
+        for v, d in disk["variants"].items():
+            if v != HEADLINE:
+                log(f"  disk ({v}) get {d['get_gbps']:.2f} = {d['get_vs_raw_read']['median']:.2f}x, put "
+                    f"{d['put_gbps']:.2f} = {d['put_vs_raw_write']['median']:.2f}x")
+    lk = bench_lookup(path, lookup_reps)
     log(f"lookup 128 chunks: disk {lk['lookup_disk_ms_128_chunks']} ms, memory {lk['lookup_memory_ms_128_chunks']} ms"
         f" (target <= 1 ms); key hashing 32K tokens: {lk['keys_ms_32k_tokens_numpy']} ms (numpy), "
         f"{lk['keys_ms_32k_tokens_list']} ms (list)")
-    rec = bench_recovery(path, 10_000 if quick else 100_000)
+    rec = bench_recovery(path, recovery_chunks or (10_000 if quick else 100_000))
     result["index_recovery"] = rec
     log(f"index recovery of {rec['chunks']} chunks: {rec['open_s_no_manifest']} s reading every header, "
         f"{rec['open_s_with_manifest']} s with the manifest")
     d = result["models"]["default"]
     result.update({"memory": d["memory"], "disk": d["disk"], **lk})
+    result["targets"] = targets(result)
+    result["duration_s"] = round(time.perf_counter() - t_start, 1)
     return result
+
+
+def targets(r: dict) -> dict:
+    """Each issue target per model: the median per-round ratio (and its min) against the threshold."""
+    out = {}
+    for name, d in r["models"].items():
+        for key, fig, thr in (("memory_get", d["memory"]["get_vs_memcpy"], 0.5),
+                              ("disk_get", d["disk"]["get_vs_raw_read"], 0.9),
+                              ("disk_put", d["disk"]["put_vs_raw_write"], 0.8)):
+            out[f"{name}.{key}"] = {"ratio_median": fig["median"], "ratio_min": fig["min"], "target": thr,
+                                    "met": fig["median"] >= thr}
+    out["lookup_ms_128_chunks"] = {"value": r["lookup_ms_128_chunks"], "target": 1.0,
+                                   "met": r["lookup_ms_128_chunks"] <= 1.0}
+    return out
+
+
+def _fig(s: dict) -> str:
+    return f"{s['median']} ({s['min']}–{s['max']})"
 
 
 def to_markdown(r: dict) -> str:
     """A human report of one run (machine, command, figures vs raw baselines and targets)."""
     m = r["machine"]
+    n_rounds = r.get("repeat", 1)
     lines = [f"# kvtier store benchmark ({time.strftime('%Y-%m-%d', time.gmtime(r.get('time', time.time())))})", "",
              f"Command: `{r.get('command', 'kvtier bench store')}`", "",
              f"Machine: {m['nproc']} CPUs ({m['cpu']}), {m['mem_total_kib'] / 2**20:.1f} GiB RAM, kernel {m['kernel']},"
              f" Python {m['python']}; disk under test ({m['fs_type']}):", "", "```", m["df"], "```", "",
-             f"Volume per model per disk pass: {r['volume_bytes'] / 2**20:.0f} MiB; disk files dropped from the page "
-             "cache (fsync + POSIX_FADV_DONTNEED) before every read pass. Raw baselines measured in the same run: "
-             "memcpy between pre-faulted buffers; sequential O_DIRECT write/read of the same volume in chunk-sized "
-             f"blocks ({r['disk']['raw_tool']}).", "",
-             "| model | chunk | tier | get GB/s | baseline GB/s | ratio (target) | put GB/s | baseline GB/s | ratio (target) "
-             "| get p50/p99 ms | put p50/p99 ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"Volume per model per disk pass: {r['volume_bytes'] / 2**20:.0f} MiB; {n_rounds} rounds; in each round "
+             "the raw pass and the O_DIRECT tier pass run back to back (order alternating), so both see the same "
+             "disk state. Disk files are dropped from the page cache (fsync + POSIX_FADV_DONTNEED) before every read "
+             "pass. Raw baselines: memcpy between pre-faulted buffers; sequential O_DIRECT write/read of the same "
+             f"volume in chunk-sized blocks, one file, no checksum ({r['disk']['raw_tool']}). The store puts with "
+             "`DiskTier.put` (one thread, queue depth 1, checksum + temp file + publish per chunk) and reads with "
+             "`get_into` (checksum verified). Figures: median (min–max) over the rounds, GB/s; ratios: median "
+             "(min–max) of the per-round ratios, and in brackets the ratio of the medians.", "",
+             "| model | chunk | tier | get GB/s | baseline GB/s | get ratio (target) | put GB/s | baseline GB/s "
+             "| put ratio (target) | get p50/p99 ms | put p50/p99 ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in r["models"].items():
         mb = f"{d['chunk_bytes'] / 2**20:.2f} MiB"
-        me, di, bu = d["memory"], d["disk"], d["disk_buffered"]
-        lines.append(f"| {name} | {mb} | memory | {me['get_gbps']} | memcpy {me['memcpy_gbps']} | "
-                     f"{me['get_vs_memcpy']} (≥0.5) | {me['put_gbps']} | memcpy {me['memcpy_put_gbps']} | "
-                     f"{me['put_gbps'] / me['memcpy_put_gbps']:.3f} | {me['get']['p50_ms']}/{me['get']['p99_ms']} | "
+        me, di = d["memory"], d["disk"]
+        gs, ps = me["get_vs_memcpy"], me["put_vs_memcpy"]
+        lines.append(f"| {name} | {mb} | memory | {_fig(me['spread']['get_gbps'])} | memcpy "
+                     f"{_fig(me['spread']['memcpy_gbps'])} | **{_fig(gs)}** [{gs['of_medians']}] (≥0.5) | "
+                     f"{_fig(me['spread']['put_gbps'])} | memcpy {_fig(me['spread']['memcpy_put_gbps'])} | "
+                     f"{_fig(ps)} [{ps['of_medians']}] | {me['get']['p50_ms']}/{me['get']['p99_ms']} | "
                      f"{me['put']['p50_ms']}/{me['put']['p99_ms']} |")
-        lines.append(f"| {name} | {mb} | disk (O_DIRECT) | {di['get_gbps']} | raw read {di['raw_read_gbps']} | "
-                     f"{di['get_vs_raw_read']} (≥0.9) | {di['put_gbps']} | raw write {di['raw_write_gbps']} | "
-                     f"{di['put_vs_raw_write']} (≥0.8) | {di['get']['p50_ms']}/{di['get']['p99_ms']} | "
-                     f"{di['put']['p50_ms']}/{di['put']['p99_ms']} |")
-        lines.append(f"| {name} | {mb} | disk (buffered) | {bu['get_gbps']} | raw read {di['raw_read_gbps']} | "
-                     f"{bu['get_gbps'] / di['raw_read_gbps']:.3f} | {bu['put_gbps']} | raw write {di['raw_write_gbps']} | "
-                     f"{bu['put_gbps'] / di['raw_write_gbps']:.3f} | {bu['get']['p50_ms']}/{bu['get']['p99_ms']} | "
-                     f"{bu['put']['p50_ms']}/{bu['put']['p99_ms']} |")
+        rr, rw = _fig(di["spread"]["raw_read_gbps"]), _fig(di["spread"]["raw_write_gbps"])
+        for v, t in di["variants"].items():
+            g, p = t["get_vs_raw_read"], t["put_vs_raw_write"]
+            head = v == r.get("headline_variant", HEADLINE)
+            label = {"direct": "disk (O_DIRECT)", "direct_write": "disk (O_DIRECT write, buffered read)",
+                     "buffered": "disk (buffered)"}.get(v, v)
+            gt, pt = (" (≥0.9)", " (≥0.8)") if head else ("", "")
+            b = "**" if head else ""
+            lines.append(f"| {name} | {mb} | {label} | {_fig(t['spread']['get_gbps'])} | raw read {rr} | "
+                         f"{b}{_fig(g)}{b} [{g['of_medians']}]{gt} | {_fig(t['spread']['put_gbps'])} | raw write {rw} | "
+                         f"{b}{_fig(p)}{b} [{p['of_medians']}]{pt} | {t['get']['p50_ms']}/{t['get']['p99_ms']} | "
+                         f"{t['put']['p50_ms']}/{t['put']['p99_ms']} |")
+    lines += ["", "Per-round figures (GB/s; raw read/write, then O_DIRECT tier get/put):", ""]
+    for name, d in r["models"].items():
+        di = d["disk"]
+        h = di["variants"][r.get("headline_variant", HEADLINE)]["per_round"]
+        lines.append(f"* {name}: raw read {di['per_round']['raw_read_gbps']}, get {h['get_gbps']}; "
+                     f"raw write {di['per_round']['raw_write_gbps']}, put {h['put_gbps']}")
     rec = r.get("index_recovery", {})
+    tg = r.get("targets", {})
     lines += ["", f"Memory first fill (slab allocation + page faults, once per process): "
               f"{r['models']['default']['memory']['first_fill_gbps']} GB/s (default model).", "",
-              f"Lookup of a 32K-token prompt (128 chunks): {r['lookup_disk_ms_128_chunks']} ms median with every chunk "
-              f"on disk (one stat each; p99 {r['lookup_disk_p99_ms']} ms), {r['lookup_memory_ms_128_chunks']} ms in RAM "
-              f"(target ≤ 1 ms). Key hashing for those 32K tokens, separately: {r['keys_ms_32k_tokens_numpy']} ms from a "
-              f"numpy array, {r['keys_ms_32k_tokens_list']} ms from a Python list.", "",
-              f"Index recovery at open for {rec.get('chunks')} chunk files: {rec.get('open_s_no_manifest')} s reading every "
-              f"header, {rec.get('open_s_with_manifest')} s with the manifest.", ""]
+              f"Lookup of a 32K-token prompt (128 chunks): {r['lookup_disk_ms_128_chunks']} ms median over "
+              f"{r.get('lookup_reps', 200)} lookups with every chunk on disk (one stat each; p99 "
+              f"{r['lookup_disk_p99_ms']} ms), {r['lookup_memory_ms_128_chunks']} ms in RAM (target ≤ 1 ms). Key "
+              f"hashing for those 32K tokens, separately: {r['keys_ms_32k_tokens_numpy']} ms from a numpy array, "
+              f"{r['keys_ms_32k_tokens_list']} ms from a Python list.", "",
+              f"Index recovery at open for {rec.get('chunks')} chunk files: {rec.get('open_s_no_manifest')} s reading "
+              f"every header, {rec.get('open_s_with_manifest')} s with the manifest.", ""]
+    if tg:
+        lines += ["Targets (median of per-round ratios; min in brackets):", ""]
+        for k, t in tg.items():
+            val = f"{t['ratio_median']} (min {t['ratio_min']})" if "ratio_median" in t else f"{t['value']} ms"
+            lines.append(f"* {k}: {val}, target {'≥' if 'ratio_median' in t else '≤'} {t['target']}: "
+                         f"{'met' if t['met'] else 'MISSED'}")
+        lines.append("")
+    if "duration_s" in r:
+        lines += [f"Bench duration: {r['duration_s']} s.", ""]
     return "\n".join(lines)

@@ -44,9 +44,12 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
                                                "(default: <kvtier_home>/bench-store)"),
                 volume: str = typer.Option("1GiB", "--volume", help="bytes per model per disk pass"),
                 quick: bool = typer.Option(False, "--quick", help="256MiB volume, fewer passes"),
+                repeat: int = typer.Option(5, "--repeat", min=1, help="rounds; each runs the raw and the tier "
+                                           "pass back to back (alternating order); figures are medians"),
                 json_path: Path = typer.Option(None, "--json", help="write the results as JSON here"),
-                md_path: Path = typer.Option(None, "--md", help="write a Markdown report here")) -> None:
-    """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O."""
+                md_path: Path = typer.Option(None, "--md", help="write a Markdown report here (default with "
+                                             "--json: the same path with .md)")) -> None:
+    """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O (median of rounds)."""
     import time
 
     from kvtier.bench.store_bench import run, to_markdown
@@ -56,7 +59,7 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--volume") from None
     path = directory or kvtier_home() / "bench-store"
-    result = run(path, vol, quick, log=typer.echo)
+    result = run(path, vol, quick, log=typer.echo, repeat=repeat)
     result["command"] = " ".join(shlex.quote(a) for a in ["kvtier", *sys.argv[1:]])
     result["cwd"] = os.getcwd()
     result["time"] = time.time()
@@ -64,6 +67,8 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(result, indent=1) + "\n")
         typer.echo(f"wrote {json_path}")
+    if md_path is None and json_path is not None:
+        md_path = json_path.with_suffix(".md")
     if md_path:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(to_markdown(result))

@@ -67,13 +67,15 @@ class DiskTier(Tier):
     name = "disk"
 
     def __init__(self, root: Path, namespace: Namespace, capacity: int, fsync: str, o_direct: bool,
-                 policy: PolicyName, writer_threads: int, queue_depth: int, telemetry: Telemetry) -> None:
+                 policy: PolicyName, writer_threads: int, queue_depth: int, telemetry: Telemetry,
+                 o_direct_read: bool | None = None) -> None:
         super().__init__()
         self.root = root
         self.namespace = namespace
         self.capacity = capacity
         self.fsync = fsync
         self.o_direct = o_direct
+        self.o_direct_read = o_direct if o_direct_read is None else o_direct_read
         self._ns = namespace.digest()
         self._chunks = root / "chunks"
         self._tmp = root / "tmp"
@@ -96,11 +98,14 @@ class DiskTier(Tier):
     def open(cls, path: str | Path, namespace: Namespace, capacity: int, *, fsync: str = "never",
              o_direct: bool = False, policy: PolicyName = "lru", writer_threads: int = 2,
              queue_depth: int = 256, rescan_interval_s: float = 5.0,
-             telemetry: Telemetry | None = None) -> "DiskTier":
-        """Create/open the namespace directory, clean dead writers' temp files, rebuild the index."""
+             telemetry: Telemetry | None = None, o_direct_read: bool | None = None) -> "DiskTier":
+        """Create/open the namespace directory, clean dead writers' temp files, rebuild the index.
+
+        ``o_direct`` applies to writes and, unless ``o_direct_read`` says otherwise, to reads
+        (buffered reads get the kernel's readahead)."""
         root = Path(path) / namespace.short_id()
         self = cls(root, namespace, capacity, fsync, o_direct, policy, writer_threads, queue_depth,
-                   telemetry or Telemetry())
+                   telemetry or Telemetry(), o_direct_read)
         self.rescan_interval_s = rescan_interval_s
         self._chunks.mkdir(parents=True, exist_ok=True)
         self._tmp.mkdir(parents=True, exist_ok=True)
@@ -248,7 +253,7 @@ class DiskTier(Tier):
     def _read(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
         path = self.path_of(key)
         try:
-            meta = diskio.read_chunk_file(path, out, self._ns, key, o_direct=self.o_direct)
+            meta = diskio.read_chunk_file(path, out, self._ns, key, o_direct=self.o_direct_read)
         except FileNotFoundError:
             if key in self._index:
                 self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")

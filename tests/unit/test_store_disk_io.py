@@ -73,3 +73,67 @@ def test_o_direct_falls_back_when_refused(tmp_path: Path, monkeypatch) -> None:
     got = tier.get(key)
     assert got is not None and bytes(got[1]) == b"0123456789"
     tier.close()
+
+
+@pytest.mark.parametrize("o_direct,o_direct_read", [(True, True), (True, False), (False, True), (False, False)])
+@pytest.mark.parametrize("size", [14 * 2**20, 5_898_240, 5_898_240 + 100])   # 7B and default chunks (+ unaligned)
+def test_large_chunks_exact_file_and_every_read_mode(tmp_path: Path, o_direct: bool, o_direct_read: bool,
+                                                      size: int) -> None:
+    """One big write + buffered tail: the file is exactly header + payload + trailer (no
+    padding left behind), and reads in pieces in flight together return the same bytes."""
+    from kvtier.chunk import file_size
+    tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=o_direct, o_direct_read=o_direct_read,
+                         fsync="file", telemetry=Telemetry())
+    assert tier.o_direct_read is o_direct_read
+    key = chunk_keys(NS, [size % 11, 1, 2, 3])[0]
+    src = _buf(size, True)
+    src[:] = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    meta = ChunkMeta(key, None, 4, (size,), "uint8", size)
+    assert tier.put(meta, src)
+    import os
+    assert os.stat(tier.path_of(key)).st_size == file_size(size)
+    assert os.listdir(tier.root / "tmp") == []
+    out = _buf(size, True)
+    for _ in range(2):
+        assert tier.get_into(key, out) == meta and bytes(out) == bytes(src)
+    tier.close()
+
+
+@pytest.mark.parametrize("o_direct", [False, True])
+@pytest.mark.parametrize("cut", [HEADER_SIZE + 2**20, HEADER_SIZE + 7 * 2**20 + 5, HEADER_SIZE + 14 * 2**20 + 10])
+def test_truncated_large_chunk_is_torn(tmp_path: Path, o_direct: bool, cut: int) -> None:
+    """A short file is caught by whichever in-flight piece comes up short (never served)."""
+    import os
+    tm = Telemetry()
+    tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=o_direct, telemetry=tm)
+    key = chunk_keys(NS, [cut % 13, 1, 2, 3])[0]
+    size = 14 * 2**20
+    tier.put(ChunkMeta(key, None, 4, (size,), "uint8", size), np.ones(size, dtype=np.uint8).tobytes())
+    os.truncate(tier.path_of(key), cut)
+    assert tier.get_into(key, _buf(size, True)) is None
+    assert tm.snapshot()["events.torn"] == 1 and not os.path.exists(tier.path_of(key))
+    tier.close()
+
+
+def test_read_error_in_a_helper_piece_is_a_miss(tmp_path: Path, monkeypatch) -> None:
+    """An EIO in one of the concurrent piece reads is a counted miss; the file is kept."""
+    import errno
+    import os
+    tm = Telemetry()
+    tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=True, telemetry=tm)
+    key = chunk_keys(NS, [3, 1, 2, 3])[0]
+    size = 14 * 2**20
+    src = np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8).tobytes()
+    tier.put(ChunkMeta(key, None, 4, (size,), "uint8", size), src)
+    real = os.preadv
+
+    def flaky(fd, bufs, off, *a):
+        if off > 4 * 2**20:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(fd, bufs, off, *a)
+    monkeypatch.setattr(diskio.os, "preadv", flaky)
+    out = _buf(size, True)
+    assert tier.get_into(key, out) is None and tm.snapshot()["events.io_error"] == 1
+    monkeypatch.undo()
+    assert tier.get_into(key, out) is not None and bytes(out) == src
+    tier.close()

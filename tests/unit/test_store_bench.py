@@ -1,0 +1,98 @@
+"""`kvtier bench store`: round statistics, JSON keys the issue asks for, the CLI (tiny volumes)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from kvtier.bench import store_bench
+from kvtier.bench.store_bench import order, ratio_stats, spread
+
+
+def test_spread_and_ratio_of_rounds() -> None:
+    assert spread([3.0, 1.0, 2.0]) == {"median": 2.0, "min": 1.0, "max": 3.0}
+    r = ratio_stats([1.0, 2.0, 3.0], [2.0, 2.0, 2.0])      # per-round ratios 0.5, 1.0, 1.5
+    assert (r["median"], r["min"], r["max"], r["of_medians"]) == (1.0, 0.5, 1.5, 1.0)
+    # a slow round hits both figures of that round: the per-round ratio is immune to it,
+    # the ratio of medians is not
+    r = ratio_stats([1.0, 1.0, 0.5], [1.0, 1.0, 0.5])
+    assert r["median"] == 1.0 and r["min"] == 1.0
+    with pytest.raises(ValueError):
+        ratio_stats([1.0], [1.0, 2.0])
+
+
+def test_raw_and_tier_alternate_order() -> None:
+    assert [order(i, "raw", "tier") for i in range(4)] == [("raw", "tier"), ("tier", "raw")] * 2
+
+
+@pytest.fixture
+def tiny(monkeypatch):
+    monkeypatch.setattr(store_bench, "MODELS", {"default": 256, "7b": 512})   # 64 / 128 KiB chunks
+
+
+def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) -> None:
+    logs: list[str] = []
+    r = store_bench.run(tmp_path, volume=1 << 20, quick=True, log=logs.append, repeat=3,
+                        recovery_chunks=20, lookup_reps=5)
+    for dotted in ("memory.get_gbps", "memory.memcpy_gbps", "disk.get_gbps", "disk.put_gbps",
+                   "disk.raw_read_gbps", "disk.raw_write_gbps"):
+        section, key = dotted.split(".")
+        assert r[section][key] > 0, dotted
+    assert r["lookup_ms_128_chunks"] > 0
+    for name in ("default", "7b"):
+        d = r["models"][name]["disk"]
+        assert d["rounds"] == 3 and len(d["per_round"]["raw_read_gbps"]) == 3
+        assert d["raw_read_gbps"] == pytest.approx(statistics.median(d["per_round"]["raw_read_gbps"]), abs=2e-3)
+        for v in store_bench.VARIANTS:
+            t = d["variants"][v]
+            assert len(t["per_round"]["get_gbps"]) == 3
+            g = t["get_vs_raw_read"]
+            assert g["min"] <= g["median"] <= g["max"]
+            per_round = [a / b for a, b in zip(t["per_round"]["get_gbps"], d["per_round"]["raw_read_gbps"])]
+            assert g["median"] == pytest.approx(statistics.median(per_round), rel=0.02)
+        assert d["get_gbps"] == d["variants"]["direct"]["get_gbps"]
+        m = r["models"][name]["memory"]
+        assert m["spread"]["get_gbps"]["min"] <= m["get_gbps"] <= m["spread"]["get_gbps"]["max"]
+    assert set(r["targets"]) >= {"default.disk_get", "7b.disk_put", "default.memory_get", "lookup_ms_128_chunks"}
+    assert sum("round 3/3" in line for line in logs) == 2
+    md = store_bench.to_markdown(r)
+    assert "| 7b |" in md and "median" in md and ("MISSED" in md or ": met" in md)
+    assert not (tmp_path / "raw.bin").exists()
+
+
+def test_cli_writes_json_and_markdown_next_to_it(tmp_path: Path, monkeypatch, tiny) -> None:
+    from kvtier.commands import store_cmd
+    app = typer.Typer()
+    bench = typer.Typer()
+    app.add_typer(bench, name="bench")
+    store_cmd.register(app)
+    real = store_bench.run
+    seen = {}
+
+    def small(path, volume, quick, log=print, repeat=5):
+        seen["repeat"] = repeat
+        return real(path, 1 << 20, quick, log=log, repeat=repeat, recovery_chunks=10, lookup_reps=3)
+    monkeypatch.setattr(store_bench, "run", small)
+    out = tmp_path / "res" / "store.json"
+    res = CliRunner().invoke(app, ["bench", "store", "--dir", str(tmp_path / "d"), "--repeat", "2",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert seen["repeat"] == 2
+    data = json.loads(out.read_text())
+    assert data["repeat"] == 2 and data["command"].startswith("kvtier ")
+    assert (tmp_path / "res" / "store.md").read_text().startswith("# kvtier store benchmark")
+
+
+def test_cli_rejects_zero_rounds(tmp_path: Path) -> None:
+    from kvtier.commands import store_cmd
+    app = typer.Typer()
+    bench = typer.Typer()
+    app.add_typer(bench, name="bench")
+    store_cmd.register(app)
+    res = CliRunner().invoke(app, ["bench", "store", "--dir", str(tmp_path), "--repeat", "0"])
+    assert res.exit_code == 2
