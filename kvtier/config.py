@@ -100,6 +100,9 @@ class ConnectorConfig(_Section):
     stats_dir: Path | None = Field(default=None, description="where connector processes write JSON metric "
                                    "snapshots; default <store.disk.path>/_stats when the disk tier is on")
     stats_interval_s: float = Field(default=5.0, gt=0, description="seconds between metric snapshots")
+    promote: Literal["background", "sync"] = Field(
+        default="background", description="how SSD hits reach the worker's RAM tier (store.promote_on_hit): "
+        "background = after the load, at idle CPU priority; sync = during the load (on the critical path)")
 
 
 class MetricsConfig(_Section):

@@ -8,11 +8,16 @@ event, never an exception or wrong bytes)::
     hit = store.lookup(keys)                                 # LookupResult(num_chunks, tiers)
     n = store.get_into(keys[0], out)                         # payload length, or None = miss
     store.put(keys[1], keys[0], payload, num_tokens=256, shape=(...), dtype="bfloat16")
+    store.get_into(keys[0], out, promote=False); store.promote_later([keys[0]])
     store.flush(); store.stats(); store.close()
 
 Composition: ``lookup`` walks the keys and stops at the first chunk no tier holds
 (memory first, then disk), so it never reports a chunk after a gap. ``get`` tries
-tiers top-down; a disk hit is copied into RAM when ``promote_on_hit``.
+tiers top-down; a disk hit is copied into RAM when ``promote_on_hit``. A caller on a
+latency-critical path (the connector's load) reads with ``promote=False`` and hands the
+keys to ``promote_later``: a background thread at idle CPU priority copies them into RAM
+later, and pauses while any ``busy()`` section (a load) runs, so promotion never delays a
+load or the forward pass that follows it.
 ``write_through``: a put lands in RAM now and is queued for disk (the RAM slot is
 the write's source, pinned until written). ``write_back``: a put lands in RAM only;
 chunks evicted from RAM are queued for disk (demotion). A put whose parent chunk is
@@ -22,18 +27,20 @@ chunk leaves every tier, its descendants are removed too (``orphan_evicted``).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvtier.chunk import ChunkMeta
+from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE, ChunkMeta
 from kvtier.config import StoreConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
 from kvtier.tiers.base import Tier, as_byte_view
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.memory import MemoryTier
+from kvtier.promoter import Promoter
 from kvtier.tiers.registry import open_tiers
 
 
@@ -54,6 +61,7 @@ class TieredStore:
         self.telemetry = telemetry
         self._root = namespace.digest()
         self._closed = False
+        self.promoter = Promoter(self._promote_from_disk)
 
     @classmethod
     def open(cls, config: StoreConfig, namespace: Namespace) -> "TieredStore":
@@ -90,21 +98,59 @@ class TieredStore:
         self.telemetry.lookup(len(keys), len(found))
         return LookupResult(len(found), tuple(found))
 
-    def get_into(self, key: ChunkKey, out: memoryview | bytearray) -> int | None:
-        """Copy the verified payload into ``out``; its length, or None on a miss (out is then garbage)."""
-        meta = self.get_meta_into(key, out)
+    def get_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None) -> int | None:
+        """Copy the verified payload into ``out``; its length, or None on a miss (out is then garbage).
+
+        ``promote``: copy a disk hit into RAM now (default: ``promote_on_hit``)."""
+        meta = self.get_meta_into(key, out, promote=promote)
         return None if meta is None else meta.payload_len
 
-    def get_meta_into(self, key: ChunkKey, out: memoryview | bytearray) -> ChunkMeta | None:
+    def get_meta_into(self, key: ChunkKey, out: memoryview | bytearray, *,
+                      promote: bool | None = None) -> ChunkMeta | None:
         """Like ``get_into`` but returns the chunk's meta (shape, dtype, tokens)."""
         view = as_byte_view(out, writable=True)
         for tier in self.tiers:
             meta = tier.get_into(key, view)
             if meta is not None:
-                if tier is self.disk:
+                if tier is self.disk and (self.config.promote_on_hit if promote is None else promote):
                     self._promote(meta, view[:meta.payload_len])
                 return meta
         return None
+
+    def prepare_memory(self, payload_len: int) -> bool:
+        """Map the RAM tier's slab for payloads of ``payload_len`` bytes now (and start its
+        prefault when ``memory.prefault``), instead of at the first put. False without RAM tier."""
+        return self.memory.prepare(payload_len) if self.memory is not None else False
+
+    def promote_later(self, keys: Sequence[ChunkKey]) -> int:
+        """Queue disk chunks for a background copy into RAM (idle priority, after any ``busy()``
+        section). No-op without both tiers or with ``promote_on_hit`` off. Returns keys queued."""
+        if self.memory is None or self.disk is None or not self.config.promote_on_hit or self._closed:
+            return 0
+        return self.promoter.submit([k for k in keys if not self.memory.contains(k)])
+
+    def busy(self):
+        """Context manager: background promotion waits while any such section is open."""
+        return self.promoter.paused()
+
+    def _promote_from_disk(self, key: ChunkKey, scratch: bytearray) -> bytearray:
+        """(promoter thread) Read ``key`` from disk (verified) into RAM unless RAM has it."""
+        assert self.disk is not None and self.memory is not None
+        if self._closed or self.memory.contains(key):
+            return scratch
+        try:
+            need = os.stat(self.disk.path_of(key)).st_size - HEADER_SIZE - TRAILER_SIZE
+        except OSError:
+            return scratch      # gone meanwhile (evicted by another process): nothing to promote
+        if len(scratch) < need:
+            scratch = bytearray(need)
+        try:
+            meta = self.disk.get_into(key, memoryview(scratch))
+        except ValueError:      # replaced by a larger file meanwhile: skip it
+            return scratch
+        if meta is not None:
+            self._promote(meta, memoryview(scratch)[:meta.payload_len])
+        return scratch
 
     def get(self, key: ChunkKey) -> memoryview | None:
         """The verified payload in a fresh caller-owned buffer, or None on a miss."""
@@ -207,6 +253,7 @@ class TieredStore:
             return
         self._closed = True
         _forget(self)
+        self.promoter.close()
         for tier in reversed(self.tiers):
             tier.close()
 

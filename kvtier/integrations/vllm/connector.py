@@ -51,6 +51,20 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kvtier.connector")
 
+
+def _log_level_from_env() -> None:
+    """``KVTIER_LOG_LEVEL=DEBUG`` (or INFO...) makes kvtier's loggers print to stderr in every engine
+    process (e.g. the per-load phase times at DEBUG)."""
+    level = os.environ.get("KVTIER_LOG_LEVEL")
+    root = logging.getLogger("kvtier")
+    if not level or getattr(root, "_kvtier_env_handler", False):
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(processName)s %(name)s %(levelname)s %(message)s"))
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    root._kvtier_env_handler = True  # type: ignore[attr-defined]
+
 _TIER_SOURCE = {"memory": CacheHitSource.HOST, "ram": CacheHitSource.HOST, "worker": CacheHitSource.HOST,
                 "disk": CacheHitSource.DISK, "ssd": CacheHitSource.DISK}
 
@@ -73,6 +87,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
                  kv_cache_config: "KVCacheConfig | None" = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        _log_level_from_env()
         from kvtier.store import shared_store
 
         self.config = config_from_extra(self._kv_transfer_config.kv_connector_extra_config)
@@ -116,7 +131,8 @@ class KvtierConnector(KVConnectorBase_V1):
             port = cfg.metrics.port
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
-                                      load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics)
+                                      load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics,
+                                      promote=cfg.connector.promote)
             port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
         if port:
             serve(port)

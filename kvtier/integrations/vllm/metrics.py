@@ -40,6 +40,9 @@ DROPPED = Counter("kvtier_connector_dropped_stores_total", "Chunks the store ref
 ERRORS = Counter("kvtier_connector_errors_total", "Connector failures by kind (each becomes a miss)", ["kind"])
 LOAD_SECONDS = Histogram("kvtier_connector_load_seconds", "Per-request synchronous load time", buckets=_LAT)
 LOAD_SIZE = Histogram("kvtier_connector_load_size_bytes", "Per-request load size", buckets=_BYTES)
+LOAD_PHASE_SECONDS = Histogram("kvtier_connector_load_phase_seconds", "Per load step: read (file read + verify, "
+                               "summed over reader threads), wait (blocked on reads), copy (into vLLM blocks)",
+                               ["phase"], buckets=_LAT)
 SAVE_SECONDS = Histogram("kvtier_connector_save_seconds", "Per-chunk gather + put time", buckets=_LAT)
 
 
@@ -60,6 +63,11 @@ class ConnectorMetrics:
         LOAD_BYTES.inc(nbytes)
         LOAD_SECONDS.observe(seconds)
         LOAD_SIZE.observe(nbytes)
+
+    def load_phases(self, read_s: float, wait_s: float, copy_s: float) -> None:
+        LOAD_PHASE_SECONDS.labels("read").observe(read_s)
+        LOAD_PHASE_SECONDS.labels("wait").observe(wait_s)
+        LOAD_PHASE_SECONDS.labels("copy").observe(copy_s)
 
     def stored(self, nbytes: int, seconds: float, dropped: bool) -> None:
         SAVE_SECONDS.observe(seconds)

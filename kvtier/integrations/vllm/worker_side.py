@@ -4,11 +4,16 @@ Contract:
 - ``register`` takes vLLM's per-layer caches, orders layers by name (natural order, the
   same in every process) and checks them against the configured layout.
 - ``load`` (from ``start_load_kv``, before the forward pass) reads every planned chunk and
-  copies whole blocks into the allocated block ids, synchronously. A chunk the store
-  cannot return (miss, bad payload, deadline passed) makes that chunk and every later
-  chunk of the request a load error: their block ids are returned by
-  ``take_load_errors`` so vLLM recomputes them; no save is made for that request in the
-  same step (its freshly computed KV would rest on the failed blocks).
+  copies whole blocks into the allocated block ids, synchronously. Reads (file read +
+  checksum verify, on ``PREFETCH_DEPTH`` threads) run ahead of the block copies, into a
+  ring of chunk buffers; each block copy goes straight from a verified buffer into vLLM's
+  blocks. A chunk the store cannot return (miss, bad payload, deadline passed) makes
+  that chunk and every later chunk of the request a load error: their block ids are
+  returned by ``take_load_errors`` so vLLM recomputes them; no save is made for that
+  request in the same step (its freshly computed KV would rest on the failed blocks).
+- Promotion of SSD hits into the RAM tier is kept off the load: with ``promote ==
+  "background"`` chunks are read with ``promote=False`` and queued to the store's
+  idle-priority promoter once the load is done (the promoter pauses while a load runs).
 - ``save`` (from ``wait_for_save``) gathers each fully computed chunk into a staging
   buffer and hands it to ``store.put``, which copies it before returning and writes the
   tiers in the background. When ``save`` returns, nothing references vLLM's blocks.
@@ -42,13 +47,34 @@ class ChunkStore(Protocol):
 PREFETCH_DEPTH = 2   # chunk reads in flight ahead of the block copies
 
 
+class LoadTimes:
+    """Where one ``load`` call spent its time (seconds); logged at debug level and observed in
+    ``kvtier_connector_load_phase_seconds{phase}``.
+
+    read: file read + checksum verify (+ a sync promotion), summed over the reader threads;
+    wait: the loading thread blocked on a read; copy: block copies into vLLM's KV cache."""
+
+    __slots__ = ("read", "wait", "copy", "total", "chunks", "nbytes")
+
+    def __init__(self) -> None:
+        self.read = self.wait = self.copy = self.total = 0.0
+        self.chunks = self.nbytes = 0
+
+    def line(self) -> str:
+        mbs = self.nbytes / self.total / 1e6 if self.total > 0 else 0.0
+        return (f"{self.chunks} chunks {self.nbytes / 1e6:.1f} MB in {self.total * 1e3:.1f} ms ({mbs:.0f} MB/s): "
+                f"read+verify {self.read * 1e3:.1f} ms (threads), waited {self.wait * 1e3:.1f} ms, "
+                f"copy into blocks {self.copy * 1e3:.1f} ms")
+
+
 def _natural_key(name: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 class WorkerSide:
     def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
-                 load_timeout_s: float, metrics: "ConnectorMetrics | None" = None) -> None:
+                 load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
+                 promote: str = "background") -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -56,6 +82,8 @@ class WorkerSide:
         self.blocks_per_chunk = chunk_size // block_size
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
+        self.promote_background = promote == "background"
+        self.last_load: LoadTimes | None = None
         self.layers: list["torch.Tensor"] = []
         self.layer_names: list[str] = []
         self.disabled: str | None = "no KV caches registered"
@@ -96,6 +124,9 @@ class WorkerSide:
         self._staging = torch.empty(self.shape, dtype=layers[0].dtype, device="cpu")
         self.chunk_nbytes = self._staging.numel() * self._staging.element_size()
         self.disabled = None
+        prepare = getattr(self.store, "prepare_memory", None)
+        if prepare is not None:
+            prepare(self.chunk_nbytes)   # map the RAM slab now (and prefault it in the background if configured)
         log.info("kvtier: registered %d KV layers, layout %s, chunk payload %s %s (%d bytes)",
                  len(layers), self.layout.name, self.shape, self.dtype_name, self.chunk_nbytes)
 
@@ -109,13 +140,21 @@ class WorkerSide:
         return self._bytes(self._staging)
 
     # -- load --------------------------------------------------------------------------------
-    def _read_chunk(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None]:
-        """Fill ``buf`` with chunk ``key``; (ok, error kind). Runs on a prefetch thread."""
+    def _read_chunk(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None, float]:
+        """Fill ``buf`` with chunk ``key``; (ok, error kind, seconds). Runs on a prefetch thread."""
+        t0 = time.perf_counter()
+        ok, err = self._read_chunk_into(key, buf)
+        return ok, err, time.perf_counter() - t0
+
+    def _read_chunk_into(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None]:
         out = self._bytes(buf)
         try:
             get_into = getattr(self.store, "get_into", None)
             if get_into is not None:
-                n = get_into(key, out)
+                if self.promote_background and hasattr(self.store, "promote_later"):
+                    n = get_into(key, out, promote=False)
+                else:
+                    n = get_into(key, out)
                 if n is None:
                     return False, "miss"
                 if n != self.chunk_nbytes:
@@ -146,6 +185,27 @@ class WorkerSide:
         checksums overlap the copies into vLLM's blocks); the copies stay in request order."""
         if not meta.loads:
             return
+        busy = getattr(self.store, "busy", None)
+        t0 = time.perf_counter()
+        if busy is None:
+            loaded = self._load(meta)
+        else:
+            with busy():      # background promotion waits: it would compete for the disk and the CPU
+                loaded = self._load(meta)
+        if loaded and self.promote_background and hasattr(self.store, "promote_later"):
+            try:
+                self.store.promote_later(loaded)
+            except Exception as e:  # promotion is an optimisation: never fail a load for it
+                log.warning("kvtier: queueing promotions failed: %s", e)
+        times = self.last_load
+        if times is not None:
+            times.total = time.perf_counter() - t0
+            if self.metrics:
+                self.metrics.load_phases(times.read, times.wait, times.copy)
+            log.debug("kvtier: load %s", times.line())
+
+    def _load(self, meta: KvtierConnectorMetadata) -> list:
+        """The synchronous load; returns the keys of the chunks it copied into blocks."""
         from concurrent.futures import ThreadPoolExecutor
         from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -157,6 +217,8 @@ class WorkerSide:
         if self._pool is None and self.disabled is None:
             self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
         futures: dict[int, Any] = {}
+        times = self.last_load = LoadTimes()
+        loaded: list = []
 
         def submit(j: int) -> None:
             if j < len(jobs) and self.disabled is None and jobs[j][0] not in failed_at:
@@ -175,14 +237,23 @@ class WorkerSide:
             if self.disabled is not None:
                 ok, err = False, "disabled"
             else:
+                tw = time.perf_counter()
                 try:
-                    ok, err = futures.pop(j).result(timeout=max(0.0, deadline - time.monotonic()))
+                    ok, err, read_s = futures.pop(j).result(timeout=max(0.0, deadline - time.monotonic()))
+                    times.read += read_s
                 except FutureTimeout:
                     ok, err, abandoned = False, "timeout", True
+                times.wait += time.perf_counter() - tw
             if ok:
+                tc = time.perf_counter()
                 self.layout.scatter(self.layers, ch.block_ids, bufs[j % nbuf], first_block=ch.first_block)
-                nbytes[p] += len(ch.block_ids) * self.chunk_nbytes // self.blocks_per_chunk
+                times.copy += time.perf_counter() - tc
+                n = len(ch.block_ids) * self.chunk_nbytes // self.blocks_per_chunk
+                nbytes[p] += n
+                times.nbytes += n
+                times.chunks += 1
                 outcomes[p].loaded_tokens += len(ch.block_ids) * self.block_size
+                loaded.append(ch.key)
                 continue
             failed_at[p] = (i, err or "unknown")
             self._missing.append(ch.key)
@@ -209,6 +280,7 @@ class WorkerSide:
             self._outcomes[plan.req_id] = outcome
             if self.metrics:
                 self.metrics.loaded(nbytes[p], time.perf_counter() - t_plan[p], outcome.loaded_tokens)
+        return loaded
 
     # -- save ------------------------------------------------------------------------------
     def save(self, meta: KvtierConnectorMetadata) -> None:
