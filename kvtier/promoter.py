@@ -28,6 +28,37 @@ log = logging.getLogger("kvtier.store")
 PromoteFn = Callable[[ChunkKey, bytearray], bytearray]
 
 
+def widen_thread_affinity() -> set[int] | None:
+    """Let the calling thread run on every CPU this process may use (not only the cores an
+    engine bound its compute threads to); returns the new mask, or None if unchanged."""
+    try:
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))   # the kernel masks it with the cpuset
+        after = os.sched_getaffinity(0)
+        return after if after != before else None
+    except (AttributeError, OSError):
+        return None
+
+
+def run_in_thread_on_any_cpu(fn: Callable[[], None]) -> None:
+    """Run ``fn`` in a short-lived thread with ``widen_thread_affinity`` applied, so threads it
+    creates inherit the wide mask; the caller's own affinity is never touched. Re-raises."""
+    errors: list[BaseException] = []
+
+    def body() -> None:
+        widen_thread_affinity()
+        try:
+            fn()
+        except BaseException as e:  # handed back to the caller
+            errors.append(e)
+
+    t = threading.Thread(target=body, name="kvtier-spawn", daemon=True)
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
 def lower_thread_priority() -> str:
     """Make the calling thread run only when a CPU would otherwise idle; returns what was applied."""
     try:
@@ -70,11 +101,20 @@ class Promoter:
                 self._queue[k] = None
                 n += 1
             if n:
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._run, name="kvtier-promote", daemon=True)
-                    self._thread.start()
+                self._start_locked()
                 self._cond.notify_all()
         return n
+
+    def start(self) -> None:
+        """Start the thread now (it inherits the calling thread's CPU affinity); else at the first submit."""
+        with self._cond:
+            if not self._closed:
+                self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kvtier-promote", daemon=True)
+            self._thread.start()
 
     @contextmanager
     def paused(self) -> Iterator[None]:

@@ -122,6 +122,14 @@ class TieredStore:
         prefault when ``memory.prefault``), instead of at the first put. False without RAM tier."""
         return self.memory.prepare(payload_len) if self.memory is not None else False
 
+    def start_background_threads(self) -> None:
+        """Start the promoter and the disk writers now: they inherit the CPU affinity of the
+        calling thread (the connector calls this from a thread allowed on every CPU)."""
+        self.promoter.start()
+        start_writers = getattr(getattr(self.disk, "_writers", None), "_start", None)
+        if start_writers is not None:
+            start_writers()
+
     def promote_later(self, keys: Sequence[ChunkKey]) -> int:
         """Queue disk chunks for a background copy into RAM (idle priority, after any ``busy()``
         section). No-op without both tiers or with ``promote_on_hit`` off. Returns keys queued."""

@@ -11,6 +11,10 @@ ROLE is one of
   reader     kvtier in a NEW process sharing the writer's SSD directory (RAM empty):
              full hits from SSD, partial hits, chunked-prefill 8K hit, mixed batch,
              multi-turn reuse, then one chunk file corrupted -> recompute
+  peer       kvtier, started at the same time as the reader on the same SSD directory
+             (--peer-sync DIR): each of the two live engines computes its own document
+             (peer_own), waits for the other's, then loads the other's KV (peer_hit) and
+             waits until the other has done the same before it exits
 Output: {"phases": {name: {"outputs": [[token ids]...], "log": [request-log events]}}}.
 Everything is float32 so outputs can be compared token for token.
 """
@@ -21,6 +25,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 MAX_TOKENS = 12
@@ -58,6 +63,8 @@ def scenario_prompts(tok) -> dict[str, list[list[int]]]:
                   _tokens(tok, "miss-2", 600)],
         "turn1": [_tokens(tok, "chat", 520) + questions[0]],
         "corrupt": [_tokens(tok, "doc-c", 1100)],
+        "peer_reader": [_tokens(tok, "peer-doc-r", 1100)],
+        "peer_peer": [_tokens(tok, "peer-doc-p", 1300)],
     }
 
 
@@ -80,6 +87,7 @@ class Phases:
         if reset_prefix_cache:
             self.llm.reset_prefix_cache()
         start = self._log_size()
+        t_start = time.time()
         outputs = _generate(self.llm, prompts)
         self.llm.llm_engine.engine_core  # keep the engine alive between phases
         events = []
@@ -87,7 +95,8 @@ class Phases:
             with open(self.log_path) as f:
                 f.seek(start)
                 events = [json.loads(line) for line in f if line.strip()]
-        self.result[name] = {"outputs": outputs, "log": events, "prompt_lens": [len(p) for p in prompts]}
+        self.result[name] = {"outputs": outputs, "log": events, "prompt_lens": [len(p) for p in prompts],
+                             "t_start": t_start, "t_end": time.time()}
         return outputs
 
 
@@ -119,14 +128,38 @@ def _corrupt(path: Path) -> str:
     return str(path)
 
 
+def _barrier(sync: Path, mine: str, theirs: str, timeout: float = 900.0) -> None:
+    """Publish ``mine`` in ``sync`` and wait for the other engine's ``theirs``."""
+    import time
+
+    (sync / f"{mine}.tmp").write_text(str(os.getpid()))
+    os.replace(sync / f"{mine}.tmp", sync / mine)
+    deadline = time.time() + timeout
+    while not (sync / theirs).exists():
+        if time.time() > deadline:
+            raise SystemExit(f"peer barrier: {theirs} did not appear in {sync} within {timeout:.0f}s")
+        time.sleep(0.2)
+
+
+def _peer_exchange(ph: "Phases", P: dict, disk: Path, sync: Path, me: str, other: str) -> None:
+    """Two engines live at once on one SSD directory: compute mine, load the other's."""
+    ph.run("peer_own", P[f"peer_{me}"])                  # a miss: computed here, saved to the shared SSD
+    _flush_store(disk)
+    _barrier(sync, f"{me}.written", f"{other}.written")
+    ph.run("peer_hit", P[f"peer_{other}"])               # never seen by this engine: KV the other one wrote
+    _barrier(sync, f"{me}.read", f"{other}.read")        # both engines stay alive until both have read
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["reference", "writer", "reader"])
+    ap.add_argument("role", choices=["reference", "writer", "reader", "peer"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--disk")
     ap.add_argument("--log")
     ap.add_argument("--corrupt-files", help="JSON list of chunk files the reader corrupts before its last phase")
+    ap.add_argument("--peer-sync", help="directory for the reader/peer rendezvous files (reader: also run the "
+                    "exchange with a concurrently running peer)")
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
@@ -148,9 +181,11 @@ def main() -> int:
                    seed=0)
     P = scenario_prompts(llm.get_tokenizer())
     ph = Phases(llm, log_path)
+    ph.result["engine_up"] = time.time()
 
     if args.role == "reference":
-        for name in ("full", "long", "partial_seed", "partial", "mixed", "turn1", "corrupt"):
+        for name in ("full", "long", "partial_seed", "partial", "mixed", "turn1", "corrupt", "peer_reader",
+                     "peer_peer"):
             ph.run(name, P[name], reset_prefix_cache=False)
         turn1 = P["turn1"][0] + ph.result["turn1"]["outputs"][0]
         ph.run("turn2", [turn1 + P["partial"][0][-20:]], reset_prefix_cache=False)
@@ -166,7 +201,11 @@ def main() -> int:
         ph.result["corrupt_files"] = sorted(str(f) for f in _files(Path(args.disk)) - before)
         ph.run("ram_full", P["full"])                       # same engine, vLLM prefix cache reset: kvtier RAM
         ph.run("ram_long", P["long"])
+    elif args.role == "peer":
+        _peer_exchange(ph, P, Path(args.disk), Path(args.peer_sync), "peer", "reader")
     else:
+        if args.peer_sync:
+            _peer_exchange(ph, P, Path(args.disk), Path(args.peer_sync), "reader", "peer")
         ph.run("ssd_full", P["full"])                       # new process: SSD tier
         ph.run("ssd_long", P["long"])                       # 8K hit with max_num_batched_tokens=2048
         ph.run("ssd_partial", P["partial"])                 # shared system prompt, different questions
@@ -178,6 +217,7 @@ def main() -> int:
         ph.run("ssd_corrupt", P["corrupt"])
     if args.disk:
         _flush_store(Path(args.disk))
+    ph.result["done"] = time.time()
     Path(args.out).write_text(json.dumps({"phases": ph.result}))
     return 0
 

