@@ -20,7 +20,7 @@ from typing import Any
 
 from rich.table import Table
 
-from kvtier.demo.common import DemoError, ModelFacts, console, fmt_s, ratio, write_json
+from kvtier.demo.common import DEMO_CHUNK_TOKENS, DemoError, ModelFacts, console, fmt_s, ratio, write_json
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, *, quick: bool) -> 
     for c in convs:
         by_doc.setdefault(c.metadata["doc"], []).append(c)
     disk = out / "ssd"
-    kv = {"store": {"memory": {"capacity": 2 * 2**30},
+    kv = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": 2 * 2**30},
                     "disk": {"enabled": True, "path": str(disk), "capacity": 8 * 2**30}}}
     server = ServerSpec(name="kvtier", model=str(facts.path), max_model_len=size.max_prompt_length + 64,
                         max_num_batched_tokens=2048, kv_cache_space_gib=1, enable_prefix_caching=False,
