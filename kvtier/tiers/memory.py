@@ -327,7 +327,8 @@ class MemoryTier(Tier):
             self._entries.clear()
             pinned = any(self._pins)
         if self._prefaulter is not None:
-            self._prefaulter.join()      # it stops after the current step; never unmap under it
+            self._prefaulter.join(10)    # it stops after the current step (idle priority: it may be starved)
+            pinned = pinned or self._prefaulter.is_alive()   # never unmap under it; exit frees the slab
         if self._slab is not None and not pinned:
             try:
                 self._view.release()  # type: ignore[union-attr]
