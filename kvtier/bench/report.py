@@ -36,6 +36,19 @@ def _plt():
     return plt
 
 
+def _finish(plt, fig, ax, path: Path, *, xlabel: str, ylabel: str, title: str, minor_grid: bool = False) -> Path:
+    """Label, grid, legend, save as PNG and close: the common end of every plot."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both" if minor_grid else "major", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_ttft_cdf(runs: Sequence[RunView], path: Path) -> Path | None:
     import numpy as np
     data = [(r.name, sorted(x.ttft_s for x in r.records if x.ok)) for r in runs]
@@ -47,15 +60,7 @@ def plot_ttft_cdf(runs: Sequence[RunView], path: Path) -> Path | None:
     for name, v in data:
         ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=name)
     ax.set_xscale("log")
-    ax.set_xlabel("TTFT (s, log scale)")
-    ax.set_ylabel("fraction of requests")
-    ax.set_title("TTFT CDF")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, xlabel="TTFT (s, log scale)", ylabel="fraction of requests", title="TTFT CDF", minor_grid=True)
 
 
 def plot_ttft_vs_prompt(runs: Sequence[RunView], path: Path) -> Path | None:
@@ -68,15 +73,7 @@ def plot_ttft_vs_prompt(runs: Sequence[RunView], path: Path) -> Path | None:
     for name, v in data:
         ax.scatter([p for p, _ in v], [t for _, t in v], s=10, alpha=0.6, label=name)
     ax.set_yscale("log")
-    ax.set_xlabel("prompt tokens")
-    ax.set_ylabel("TTFT (s, log scale)")
-    ax.set_title("TTFT vs prompt length")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, xlabel="prompt tokens", ylabel="TTFT (s, log scale)", title="TTFT vs prompt length")
 
 
 def plot_hit_rate_over_time(runs: Sequence[RunView], path: Path) -> Path | None:
@@ -93,15 +90,7 @@ def plot_hit_rate_over_time(runs: Sequence[RunView], path: Path) -> Path | None:
     for name, pts in series:
         ax.plot([t for t, _ in pts], [h for _, h in pts], marker="o", label=name)
     ax.set_ylim(0, 1.02)
-    ax.set_xlabel("time since start of run (s)")
-    ax.set_ylabel("token hit rate (cached / prompt tokens)")
-    ax.set_title("Token hit rate over time (warm-up)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, xlabel="time since start of run (s)", ylabel="token hit rate (cached / prompt tokens)", title="Token hit rate over time (warm-up)")
 
 
 def plot_slo_curve(runs: Sequence[RunView], path: Path) -> Path | None:
@@ -121,15 +110,7 @@ def plot_slo_curve(runs: Sequence[RunView], path: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     from matplotlib.ticker import ScalarFormatter
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.set_xlabel("concurrent users" if first.mode == "closed" else "conversations per second")
-    ax.set_ylabel(f"{first.statistic} (s)")
-    ax.set_title("SLO search")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _finish(plt, fig, ax, path, xlabel="concurrent users" if first.mode == "closed" else "conversations per second", ylabel=f"{first.statistic} (s)", title="SLO search", minor_grid=True)
 
 
 def _f(v: Any, digits: int = 3) -> str:
