@@ -60,7 +60,8 @@ def plot_ttft_cdf(runs: Sequence[RunView], path: Path) -> Path | None:
     for name, v in data:
         ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=name)
     ax.set_xscale("log")
-    return _finish(plt, fig, ax, path, xlabel="TTFT (s, log scale)", ylabel="fraction of requests", title="TTFT CDF", minor_grid=True)
+    return _finish(plt, fig, ax, path, xlabel="TTFT (s, log scale)", ylabel="fraction of requests",
+                   title="TTFT CDF", minor_grid=True)
 
 
 def plot_ttft_vs_prompt(runs: Sequence[RunView], path: Path) -> Path | None:
@@ -73,7 +74,8 @@ def plot_ttft_vs_prompt(runs: Sequence[RunView], path: Path) -> Path | None:
     for name, v in data:
         ax.scatter([p for p, _ in v], [t for _, t in v], s=10, alpha=0.6, label=name)
     ax.set_yscale("log")
-    return _finish(plt, fig, ax, path, xlabel="prompt tokens", ylabel="TTFT (s, log scale)", title="TTFT vs prompt length")
+    return _finish(plt, fig, ax, path, xlabel="prompt tokens", ylabel="TTFT (s, log scale)",
+                   title="TTFT vs prompt length")
 
 
 def plot_hit_rate_over_time(runs: Sequence[RunView], path: Path) -> Path | None:
@@ -90,7 +92,8 @@ def plot_hit_rate_over_time(runs: Sequence[RunView], path: Path) -> Path | None:
     for name, pts in series:
         ax.plot([t for t, _ in pts], [h for _, h in pts], marker="o", label=name)
     ax.set_ylim(0, 1.02)
-    return _finish(plt, fig, ax, path, xlabel="time since start of run (s)", ylabel="token hit rate (cached / prompt tokens)", title="Token hit rate over time (warm-up)")
+    return _finish(plt, fig, ax, path, xlabel="time since start of run (s)",
+                   ylabel="token hit rate (cached / prompt tokens)", title="Token hit rate over time (warm-up)")
 
 
 def plot_slo_curve(runs: Sequence[RunView], path: Path) -> Path | None:
@@ -110,7 +113,9 @@ def plot_slo_curve(runs: Sequence[RunView], path: Path) -> Path | None:
     ax.set_xscale("log", base=2)
     from matplotlib.ticker import ScalarFormatter
     ax.xaxis.set_major_formatter(ScalarFormatter())
-    return _finish(plt, fig, ax, path, xlabel="concurrent users" if first.mode == "closed" else "conversations per second", ylabel=f"{first.statistic} (s)", title="SLO search", minor_grid=True)
+    return _finish(plt, fig, ax, path,
+                   xlabel="concurrent users" if first.mode == "closed" else "conversations per second",
+                   ylabel=f"{first.statistic} (s)", title="SLO search", minor_grid=True)
 
 
 def _f(v: Any, digits: int = 3) -> str:
