@@ -48,7 +48,9 @@ MODELS = {"default": 23_040, "7b": 57_344}      # KV bytes per token
 TOKENS = 256
 GB = 1e9
 # disk tier variants: name -> (o_direct writes, o_direct reads)
-VARIANTS = {"direct": (True, True), "direct_write": (True, False), "buffered": (False, False)}
+VARIANTS = {"direct": (True, True), "direct_async": (True, True), "direct_write": (True, False),
+            "buffered": (False, False)}
+WRITER_THREADS = 2          # the disk tier's default writer pool (store.disk.writer_threads)
 HEADLINE = "direct"
 
 
@@ -98,6 +100,17 @@ def _drop_cache(paths: list[str]) -> None:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
+
+
+def _remove(p: Path) -> None:
+    """Delete a file or tree and wait until the filesystem settled: with online discard (this
+    VM mounts ext4 with ``discard``) freeing 1 GiB issues discards at the next journal commit,
+    which would otherwise slow whichever timed pass comes next."""
+    if p.is_dir():
+        shutil.rmtree(p, ignore_errors=True)
+    elif p.exists():
+        p.unlink()
+    os.sync()
 
 
 def _ns(chunk_bytes: int) -> Namespace:
@@ -190,7 +203,7 @@ def raw_disk(path: Path, chunk: int, n: int, buf: memoryview | None = None) -> d
                    "--direct=1", "--ioengine=psync", "--output-format=json", "--end_fsync=1"]
             out = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
             res[f"raw_{rw}_gbps"] = out["jobs"][0][rw]["bw_bytes"] / GB
-        f.unlink()
+        _remove(f)
         return {**res, "raw_tool": "fio"}
     if buf is None:
         buf = _random(block, 1)
@@ -208,18 +221,47 @@ def raw_disk(path: Path, chunk: int, n: int, buf: memoryview | None = None) -> d
         os.preadv(fd, [buf], i * block)
     r = n * block / (time.perf_counter() - t0) / GB
     os.close(fd)
-    f.unlink()
+    _remove(f)
     return {"raw_write_gbps": w, "raw_read_gbps": r, "raw_tool": "python" + ("" if direct else "-buffered")}
 
 
+def raw_write_parallel(path: Path, chunk: int, n: int, buf: memoryview, threads: int = WRITER_THREADS) -> float:
+    """Raw O_DIRECT writes at the writer pool's concurrency: ``threads`` threads, each writing
+    its share of the n chunk-sized blocks sequentially to its own file (then fsync)."""
+    import threading
+    block = (chunk + ALIGN - 1) // ALIGN * ALIGN
+    files = [path / f"raw{i}.bin" for i in range(threads)]
+    fds = [open_direct(str(f), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, True)[0] for f in files]
+
+    def write(i: int) -> None:
+        for j in range(i, n, threads):
+            os.pwrite(fds[i], buf, (j // threads) * block)
+        os.fsync(fds[i])
+    ts = [threading.Thread(target=write, args=(i,)) for i in range(threads)]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    w = n * block / (time.perf_counter() - t0) / GB
+    for fd in fds:
+        os.close(fd)
+    for f in files:
+        f.unlink()
+    os.sync()
+    return w
+
+
 def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bool | None = None,
-               src: memoryview | None = None) -> dict:
-    """One tier pass: put every chunk (synchronous ``DiskTier.put``, one thread), sync, drop the
-    files from the page cache, ``get_into`` every chunk."""
+               src: memoryview | None = None, asynchronous: bool = False) -> dict:
+    """One tier pass: put every chunk (synchronous ``DiskTier.put``, one thread; or, with
+    ``asynchronous``, ``submit`` to the writer pool, the path ``TieredStore.put`` takes, and
+    ``flush``), sync, drop the files from the page cache, ``get_into`` every chunk."""
     ns = _ns(chunk)
-    shutil.rmtree(path / ns.short_id(), ignore_errors=True)
+    _remove(path / ns.short_id())
     tier = DiskTier.open(path, ns, capacity=n * (chunk + 8192) + 2**20, o_direct=o_direct,
-                         o_direct_read=o_direct_read, telemetry=Telemetry())
+                         o_direct_read=o_direct_read, writer_threads=WRITER_THREADS, queue_depth=n + 1,
+                         telemetry=Telemetry())
     if src is None:
         src = _random(chunk, 2)
     out = _aligned(chunk)
@@ -228,8 +270,12 @@ def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bo
     t0 = time.perf_counter()
     for k in keys:
         t = time.perf_counter()
-        assert tier.put(ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk), src)
-        put_t.append(time.perf_counter() - t)
+        meta = ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk)
+        assert tier.submit(meta, src, lambda: None) if asynchronous else tier.put(meta, src)
+        if not asynchronous:     # a submit's latency is not a write's
+            put_t.append(time.perf_counter() - t)
+    if asynchronous:
+        assert tier.flush(600)
     if o_direct:
         os.sync()       # what O_DIRECT left in the page cache (the trailer page) is part of the put
     put_wall = time.perf_counter() - t0
@@ -241,7 +287,7 @@ def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bo
         get_t.append(time.perf_counter() - t)
     get_wall = time.perf_counter() - t0
     tier.close()
-    shutil.rmtree(path / ns.short_id(), ignore_errors=True)
+    _remove(path / ns.short_id())
     return {"put_gbps": n * chunk / put_wall / GB, "get_gbps": n * chunk / get_wall / GB,
             "put_s": put_t, "get_s": get_t}
 
@@ -253,6 +299,8 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
     raw_buf = _random(block, 1)
     src = _random(chunk, 2)
     raw: dict[str, list[float]] = {"raw_write_gbps": [], "raw_read_gbps": []}
+    if "direct_async" in variants:
+        raw[f"raw_write_qd{WRITER_THREADS}_gbps"] = []
     tiers = {v: {"put_gbps": [], "get_gbps": [], "put_s": [], "get_s": []} for v in variants}
     tool = "python"
     for r in range(repeat):
@@ -264,14 +312,21 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
                 for k, v in res.items():
                     raw[k].append(v)
                 return
+            if name == "raw_parallel":
+                raw[f"raw_write_qd{WRITER_THREADS}_gbps"].append(raw_write_parallel(path, chunk, n, raw_buf))
+                return
             w, rd = VARIANTS[name]
-            res = bench_disk(path, chunk, n, o_direct=w, o_direct_read=rd, src=src)
+            res = bench_disk(path, chunk, n, o_direct=w, o_direct_read=rd, src=src,
+                             asynchronous=name == "direct_async")
             for k, v in res.items():
                 tiers[name][k] += v if isinstance(v, list) else [v]
         for name in order(r, "raw", HEADLINE):
             run_pass(name)
+        if "direct_async" in variants:       # the writer pool vs raw writes at the same concurrency
+            for name in order(r, "raw_parallel", "direct_async"):
+                run_pass(name)
         for name in variants:
-            if name != HEADLINE:
+            if name not in (HEADLINE, "direct_async"):
                 run_pass(name)
         h = tiers[HEADLINE]
         log(f"    round {r + 1}/{repeat}: raw write {raw['raw_write_gbps'][-1]:.2f} read {raw['raw_read_gbps'][-1]:.2f}"
@@ -293,7 +348,12 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
             "spread": {"put_gbps": spread(t["put_gbps"]), "get_gbps": spread(t["get_gbps"])},
             "per_round": {"put_gbps": [round(x, 3) for x in t["put_gbps"]],
                           "get_gbps": [round(x, 3) for x in t["get_gbps"]]},
-            "put": _lat(t["put_s"]), "get": _lat(t["get_s"])}
+            "put": _lat(t["put_s"]) if t["put_s"] else {"p50_ms": None, "p99_ms": None}, "get": _lat(t["get_s"])}
+        if name == "direct_async":
+            qd = f"raw_write_qd{WRITER_THREADS}_gbps"
+            out[qd] = spread(raw[qd])["median"]
+            out["variants"][name].update({"writer_threads": WRITER_THREADS,
+                                          f"put_vs_raw_write_qd{WRITER_THREADS}": ratio_stats(t["put_gbps"], raw[qd])})
     h = out["variants"][HEADLINE]
     out.update({"get_gbps": h["get_gbps"], "put_gbps": h["put_gbps"], "get_vs_raw_read": h["get_vs_raw_read"],
                 "put_vs_raw_write": h["put_vs_raw_write"], "get": h["get"], "put": h["put"], "tier": HEADLINE})
@@ -477,13 +537,22 @@ def to_markdown(r: dict) -> str:
             g, p = t["get_vs_raw_read"], t["put_vs_raw_write"]
             head = v == r.get("headline_variant", HEADLINE)
             label = {"direct": "disk (O_DIRECT)", "direct_write": "disk (O_DIRECT write, buffered read)",
+                     "direct_async": f"disk (O_DIRECT, put via the {WRITER_THREADS}-thread writer pool)",
                      "buffered": "disk (buffered)"}.get(v, v)
             gt, pt = (" (≥0.9)", " (≥0.8)") if head else ("", "")
             b = "**" if head else ""
             lines.append(f"| {name} | {mb} | {label} | {_fig(t['spread']['get_gbps'])} | raw read {rr} | "
                          f"{b}{_fig(g)}{b} [{g['of_medians']}]{gt} | {_fig(t['spread']['put_gbps'])} | raw write {rw} | "
                          f"{b}{_fig(p)}{b} [{p['of_medians']}]{pt} | {t['get']['p50_ms']}/{t['get']['p99_ms']} | "
-                         f"{t['put']['p50_ms']}/{t['put']['p99_ms']} |")
+                         f"{t['put']['p50_ms'] or '–'}/{t['put']['p99_ms'] or '–'} |")
+    for name, d in r["models"].items():
+        t = d["disk"]["variants"].get("direct_async")
+        if t:
+            q = t[f"put_vs_raw_write_qd{WRITER_THREADS}"]
+            lines += ["", f"{name}: put through the writer pool ({WRITER_THREADS} threads, `submit` + `flush`, the path "
+                      f"`TieredStore.put` takes) vs raw O_DIRECT writes at the same concurrency ({WRITER_THREADS} "
+                      f"threads, own file each: {_fig(d['disk']['spread'][f'raw_write_qd{WRITER_THREADS}_gbps'])} GB/s):"
+                      f" {_fig(q)} [{q['of_medians']}]."]
     lines += ["", "Per-round figures (GB/s; raw read/write, then O_DIRECT tier get/put):", ""]
     for name, d in r["models"].items():
         di = d["disk"]

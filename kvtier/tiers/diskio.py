@@ -27,6 +27,7 @@ from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, chec
 ALIGN = 4096
 PIECE = 2 << 20             # read granularity when hashing overlaps the reads
 PIPELINE_MIN = 4 << 20      # payloads at least this large overlap I/O and checksumming
+PREALLOCATE_MIN = 1 << 20   # O_DIRECT chunk files at least this large get their exact blocks reserved first
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -113,6 +114,35 @@ def _io_pool() -> ThreadPoolExecutor:
     return _POOL
 
 
+def _load_fallocate():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = getattr(libc, "fallocate64", None) or libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_FALLOCATE = _load_fallocate()
+
+
+def _preallocate(fd: int, size: int) -> None:
+    """Reserve exactly ``size`` bytes of blocks (fallocate(2), mode 0; no glibc zero-fill emulation).
+
+    Without it ext4 rounds an O_DIRECT allocation up (a 5.6 MiB chunk gets an 8 MiB-aligned
+    slot) and leaves the rest free: chunk files then sit on disk with 30% gaps and read back
+    slower than one contiguous file. ENOSPC raises; a filesystem that cannot (EOPNOTSUPP,
+    EINVAL) is written without."""
+    if _FALLOCATE is None:
+        return
+    if _FALLOCATE(fd, 0, 0, size) != 0:
+        err = ctypes.get_errno()
+        if err in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            raise OSError(err, os.strerror(err))
+
+
 def _end_buffered(fd: int) -> None:
     """Switch ``fd`` from O_DIRECT to buffered I/O (Linux allows it through F_SETFL)."""
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
@@ -129,7 +159,8 @@ def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview,
                      *, o_direct: bool, fsync: bool) -> bool:
     """Create ``path`` (must not exist) holding one chunk. Returns whether O_DIRECT was used.
 
-    One large write carries the header region and the payload (with O_DIRECT: the
+    With O_DIRECT the file's blocks are reserved first (``_preallocate``: contiguous chunk
+    files). One large write carries the header region and the payload (with O_DIRECT: the
     payload's 4 KiB-aligned body, from the caller's buffer in place when it is aligned,
     else through one bounce copy); for payloads of ``PIPELINE_MIN`` or more it runs on
     a helper thread while this thread computes the checksum. The last bytes (the
@@ -139,6 +170,8 @@ def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview,
     plen = len(payload)
     fd, direct = open_direct(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, o_direct)
     try:
+        if direct and plen >= PREALLOCATE_MIN:
+            _preallocate(fd, HEADER_SIZE + plen + TRAILER_SIZE)
         hdr = memoryview(header)
         if direct:
             if not aligned(payload):                        # unaligned source: one bounce copy

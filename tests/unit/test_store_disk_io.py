@@ -137,3 +137,58 @@ def test_read_error_in_a_helper_piece_is_a_miss(tmp_path: Path, monkeypatch) -> 
     monkeypatch.undo()
     assert tier.get_into(key, out) is not None and bytes(out) == src
     tier.close()
+
+
+def test_o_direct_chunk_files_are_allocated_exactly(tmp_path: Path, monkeypatch) -> None:
+    """With O_DIRECT the exact file size is reserved before the write (ext4 would otherwise round
+    the allocation up and leave gaps between chunk files); small chunks skip it."""
+    import os
+    from kvtier.chunk import file_size
+    fd, direct = diskio.open_direct(str(tmp_path / "probe"), os.O_WRONLY | os.O_CREAT, True)
+    os.close(fd)
+    if not direct:
+        pytest.skip("this filesystem refuses O_DIRECT (e.g. tmpfs)")
+    real, calls = diskio._FALLOCATE, []
+
+    def spy(fd, mode, off, size):
+        calls.append((mode, off, size))
+        return real(fd, mode, off, size) if real is not None else 0
+    monkeypatch.setattr(diskio, "_FALLOCATE", spy)
+    tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=True, telemetry=Telemetry())
+    keys = chunk_keys(NS, [7, 1, 2, 3, 4, 5, 6, 7])
+    for key, size in zip(keys, (5_898_240, 100_000)):
+        src = _buf(size, True)
+        src[:] = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+        assert tier.put(ChunkMeta(key, None, 4, (size,), "uint8", size), src)
+        out = _buf(size, True)
+        assert tier.get_into(key, out) is not None and bytes(out) == bytes(src)
+    assert calls == [(0, 0, file_size(5_898_240))]
+    tier.close()
+
+
+def test_fallocate_refused_or_full(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import os
+    calls = []
+
+    def refuse(err):
+        def fake(fd, mode, off, size):
+            calls.append(size)
+            import ctypes
+            ctypes.set_errno(err)
+            return -1
+        return fake
+    size = 2 * 2**20
+    src = np.random.default_rng(8).integers(0, 256, size, dtype=np.uint8).tobytes()
+    tm = Telemetry()
+    tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=True, telemetry=tm)
+    keys = chunk_keys(NS, [8, 1, 2, 3, 4, 5, 6, 7])
+    monkeypatch.setattr(diskio, "_FALLOCATE", refuse(errno.EOPNOTSUPP))
+    assert tier.put(ChunkMeta(keys[0], None, 4, (size,), "uint8", size), src)      # written without
+    got = tier.get(keys[0])
+    assert got is not None and bytes(got[1]) == src
+    monkeypatch.setattr(diskio, "_FALLOCATE", refuse(errno.ENOSPC))
+    assert not tier.put(ChunkMeta(keys[1], keys[0], 4, (size,), "uint8", size), src)  # a counted enospc
+    assert tm.snapshot()["events.enospc"] == 1 and len(calls) == 2
+    assert os.listdir(tier.root / "tmp") == [] and not os.path.exists(tier.path_of(keys[1]))
+    tier.close()
