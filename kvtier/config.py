@@ -103,6 +103,9 @@ class ConnectorConfig(_Section):
     promote: Literal["background", "sync"] = Field(
         default="background", description="how SSD hits reach the worker's RAM tier (store.promote_on_hit): "
         "background = after the load, at idle CPU priority; sync = during the load (on the critical path)")
+    promote_min_hits: int = Field(
+        default=2, ge=1, description="background promotion copies a chunk into RAM at its n-th SSD hit in this "
+        "worker (2: chunks read once are never copied)")
     background_cpus: Literal["any", "inherit"] = Field(
         default="any", description="CPUs for kvtier's background worker threads (disk writes, promotion, RAM "
         "prefault): any = every CPU of the process, not only the cores the engine bound its compute to (they "

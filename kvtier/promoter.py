@@ -5,8 +5,10 @@ key, at idle CPU priority (``SCHED_IDLE`` where the OS allows it, else nice 19),
 only uses CPU time nothing else wants. While any ``paused()`` section is open (the
 connector's synchronous load) it starts no new promotion, so it never competes with a
 load for the disk either. The queue is bounded (``max_pending`` keys; extra keys are
-dropped: promotion is an optimisation) and deduplicated. ``close()`` drops what is
-queued and joins the thread.
+dropped: promotion is an optimisation) and deduplicated. ``submit(keys, min_hits=n)``
+queues a key only at its n-th submission (an admission filter: chunks read once are
+never copied; the counts live in a bounded LRU of ``max_tracked`` keys). ``close()``
+drops what is queued and joins the thread.
 
 Contract for ``promote``: it must never raise for a cache fault (the store's tiers turn
 faults into misses); anything it does raise is logged and the thread carries on.
@@ -74,9 +76,11 @@ def lower_thread_priority() -> str:
 
 
 class Promoter:
-    def __init__(self, promote: PromoteFn, max_pending: int = 4096) -> None:
+    def __init__(self, promote: PromoteFn, max_pending: int = 4096, max_tracked: int = 65536) -> None:
         self._promote = promote
         self._max_pending = max_pending
+        self._max_tracked = max_tracked
+        self._hits: OrderedDict[ChunkKey, int] = OrderedDict()   # submissions so far, below min_hits
         self._queue: OrderedDict[ChunkKey, None] = OrderedDict()
         self._cond = threading.Condition()
         self._paused = 0
@@ -86,8 +90,9 @@ class Promoter:
         self.promoted = 0               # promote() calls completed (for tests and stats)
         self.dropped = 0
 
-    def submit(self, keys: Sequence[ChunkKey]) -> int:
-        """Queue ``keys`` (deduplicated, bounded); returns how many were queued."""
+    def submit(self, keys: Sequence[ChunkKey], min_hits: int = 1) -> int:
+        """Queue each of ``keys`` at its ``min_hits``-th submission (deduplicated, bounded);
+        returns how many were queued now."""
         n = 0
         with self._cond:
             if self._closed:
@@ -95,6 +100,13 @@ class Promoter:
             for k in keys:
                 if k in self._queue:
                     continue
+                if min_hits > 1:
+                    seen = self._hits.pop(k, 0) + 1
+                    if seen < min_hits:
+                        self._hits[k] = seen
+                        if len(self._hits) > self._max_tracked:
+                            self._hits.popitem(last=False)
+                        continue
                 if len(self._queue) >= self._max_pending:
                     self.dropped += 1
                     continue

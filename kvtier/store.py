@@ -130,12 +130,13 @@ class TieredStore:
         if start_writers is not None:
             start_writers()
 
-    def promote_later(self, keys: Sequence[ChunkKey]) -> int:
+    def promote_later(self, keys: Sequence[ChunkKey], min_hits: int = 1) -> int:
         """Queue disk chunks for a background copy into RAM (idle priority, after any ``busy()``
-        section). No-op without both tiers or with ``promote_on_hit`` off. Returns keys queued."""
+        section), each once it was passed here ``min_hits`` times (read that often from disk).
+        No-op without both tiers or with ``promote_on_hit`` off. Returns keys queued now."""
         if self.memory is None or self.disk is None or not self.config.promote_on_hit or self._closed:
             return 0
-        return self.promoter.submit([k for k in keys if not self.memory.contains(k)])
+        return self.promoter.submit([k for k in keys if not self.memory.contains(k)], min_hits)
 
     def busy(self):
         """Context manager: background promotion waits while any such section is open."""

@@ -24,7 +24,8 @@ def _cfg(tmp: Path, **kw) -> StoreConfig:
 
 
 def _worker(store, kv, promote="background"):
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=10, promote=promote)
+    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=10, promote=promote,
+                   promote_min_hits=2)
     w.register(kv)
     assert w.disabled is None
     return w
@@ -75,6 +76,12 @@ def test_ssd_hit_is_promoted_after_the_load_not_during_it(tmp_path: Path) -> Non
         assert t is not None and t.chunks == 3 and t.nbytes == 3 * w.chunk_nbytes
         assert t.read > 0 and t.copy > 0 and t.total >= t.wait
         assert store.promoter.wait_idle(10)
+        assert store.lookup(keys).tiers == ("disk",) * 3         # read once: not worth a copy (promote_min_hits=2)
+        dst1 = {k: torch.zeros_like(v) for k, v in kv.items()}
+        w1, ids1 = _load(store, tokens, dst1)                    # the second SSD hit
+        assert w1.take_load_errors() == set()
+        _assert_blocks_equal(dst1, kv, ids1[:6], src_ids[:6])
+        assert store.promoter.wait_idle(10)
         assert store.lookup(keys).tiers == ("memory",) * 3       # promoted in the background afterwards
         dst2 = {k: torch.zeros_like(v) for k, v in kv.items()}
         w2, ids2 = _load(store, tokens, dst2)                    # and a later hit from RAM is exact too
@@ -108,6 +115,7 @@ def test_corrupt_chunk_file_is_a_load_error_and_never_promoted(tmp_path: Path) -
         assert w.take_load_errors() == set(ids[2:6])             # chunk 1 and everything after it
         _assert_blocks_equal(dst, kv, ids[:2], src_ids[:2])
         assert all(not dst[n][ids[2:6]].any() for n in dst)      # no unverified byte reached the KV cache
+        store.promote_later(keys)                                # the same admission count as a second load
         assert store.promoter.wait_idle(10)
         assert store.memory is not None and store.memory.contains(keys[0])
         assert not any(store.memory.contains(k) for k in keys[1:])

@@ -106,6 +106,17 @@ def test_promoter_bounded_and_survives_errors() -> None:
     assert p.submit([b"x"]) == 0
 
 
+def test_min_hits_admits_a_key_at_its_nth_submission() -> None:
+    seen: list[bytes] = []
+    p = Promoter(lambda key, scratch: (seen.append(key), scratch)[1], max_tracked=2)
+    assert p.submit([b"a", b"b"], min_hits=2) == 0           # first sighting: only counted
+    assert p.submit([b"a"], min_hits=2) == 1                 # second: queued
+    assert p.submit([b"c", b"d"], min_hits=2) == 0           # tracking is bounded: "b" falls out
+    assert p.submit([b"b"], min_hits=2) == 0
+    assert p.wait_idle(5) and seen == [b"a"]
+    p.close()
+
+
 def test_prefault_populates_the_slab_beside_puts() -> None:
     m = MemoryTier.open(64 * P, prefault=True)
     assert m.prepare(P)

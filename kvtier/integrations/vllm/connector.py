@@ -132,7 +132,8 @@ class KvtierConnector(KVConnectorBase_V1):
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
                                       load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics,
-                                      promote=cfg.connector.promote, background_cpus=cfg.connector.background_cpus)
+                                      promote=cfg.connector.promote, background_cpus=cfg.connector.background_cpus,
+                                      promote_min_hits=cfg.connector.promote_min_hits)
             port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
         if port:
             serve(port)

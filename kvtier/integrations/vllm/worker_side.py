@@ -12,8 +12,9 @@ Contract:
   returned by ``take_load_errors`` so vLLM recomputes them; no save is made for that
   request in the same step (its freshly computed KV would rest on the failed blocks).
 - Promotion of SSD hits into the RAM tier is kept off the load: with ``promote ==
-  "background"`` chunks are read with ``promote=False`` and queued to the store's
-  idle-priority promoter once the load is done (the promoter pauses while a load runs).
+  "background"`` chunks are read with ``promote=False`` and handed to the store's
+  idle-priority promoter once the load is done (the promoter pauses while a load runs),
+  which copies a chunk at its ``promote_min_hits``-th SSD hit (one-off reads cost nothing).
 - ``save`` (from ``wait_for_save``) gathers each fully computed chunk into a staging
   buffer and hands it to ``store.put``, which copies it before returning and writes the
   tiers in the background. When ``save`` returns, nothing references vLLM's blocks.
@@ -75,7 +76,7 @@ def _natural_key(name: str) -> list:
 class WorkerSide:
     def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
-                 promote: str = "background", background_cpus: str = "any") -> None:
+                 promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2) -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -84,6 +85,7 @@ class WorkerSide:
         self.load_timeout_s = load_timeout_s
         self.metrics = metrics
         self.promote_background = promote == "background"
+        self.promote_min_hits = promote_min_hits
         self.background_any_cpu = background_cpus == "any"
         self.last_load: LoadTimes | None = None
         self.layers: list["torch.Tensor"] = []
@@ -215,7 +217,7 @@ class WorkerSide:
                 loaded = self._load(meta)
         if loaded and self.promote_background and hasattr(self.store, "promote_later"):
             try:
-                self.store.promote_later(loaded)
+                self.store.promote_later(loaded, self.promote_min_hits)
             except Exception as e:  # promotion is an optimisation: never fail a load for it
                 log.warning("kvtier: queueing promotions failed: %s", e)
         times = self.last_load
