@@ -496,6 +496,12 @@ def targets(r: dict) -> dict:
                               ("disk_put", d["disk"]["put_vs_raw_write"], 0.8)):
             out[f"{name}.{key}"] = {"ratio_median": fig["median"], "ratio_min": fig["min"], "target": thr,
                                     "met": fig["median"] >= thr}
+        # the store's own put path (TieredStore.put -> writer pool) against raw O_DIRECT writes at the
+        # same concurrency, measured back to back in each round
+        pool = d["disk"]["variants"].get("direct_async", {}).get(f"put_vs_raw_write_qd{WRITER_THREADS}")
+        if pool:
+            out[f"{name}.disk_put_store_path"] = {"ratio_median": pool["median"], "ratio_min": pool["min"],
+                                                  "target": 0.8, "met": pool["median"] >= 0.8}
     out["lookup_ms_128_chunks"] = {"value": r["lookup_ms_128_chunks"], "target": 1.0,
                                    "met": r["lookup_ms_128_chunks"] <= 1.0}
     return out
