@@ -126,7 +126,7 @@ class TieredStore:
         """Start the promoter and the disk writers now: they inherit the CPU affinity of the
         calling thread (the connector calls this from a thread allowed on every CPU)."""
         self.promoter.start()
-        start_writers = getattr(getattr(self.disk, "_writers", None), "_start", None)
+        start_writers = getattr(self.disk, "start_writers", None)   # tiers without writers: nothing to start
         if start_writers is not None:
             start_writers()
 

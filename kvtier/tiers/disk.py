@@ -303,6 +303,10 @@ class DiskTier(Tier):
     def flush(self, timeout: float | None = None) -> bool:
         return self._writers.flush(timeout)
 
+    def start_writers(self) -> None:
+        """Start the background writer threads now, with the calling thread's CPU affinity."""
+        self._writers.start()
+
     def write(self, meta: ChunkMeta, payload: memoryview) -> bool:
         """Write to a temp file, then publish under the ledger lock (evicting to make room)."""
         if len(payload) != meta.payload_len:

@@ -63,7 +63,9 @@ class WriterPool:
         self._staging_free: list[mmap.mmap] = []
         self._staging_count = 0
 
-    def _start(self) -> None:
+    def start(self) -> None:
+        """Start the writer threads now (idempotent; otherwise the first submit starts them).
+        Threads inherit the calling thread's CPU affinity."""
         if not self._threads:
             for i in range(self._nthreads):
                 t = threading.Thread(target=self._run, name=f"kvtier-disk-writer-{i}", daemon=True)
@@ -102,7 +104,7 @@ class WriterPool:
             elif job.meta.key in self._pending:
                 outcome = "duplicate"
             else:
-                self._start()
+                self.start()
                 try:
                     self._q.put_nowait(job)
                 except queue.Full:
