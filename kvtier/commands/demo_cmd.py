@@ -11,10 +11,15 @@ demo_app = typer.Typer(help="End-to-end experiments on the bundled model with re
 
 _OUT = typer.Option(None, "--out", help="Results folder (default: ./results/<demo>-<UTC time>).")
 _JSON = typer.Option(None, "--json", help="Also write the figures to this JSON file.")
-_QUICK = typer.Option(False, "--quick", help="A smaller run (about 6 minutes instead of about 20).")
+_QUICK = typer.Option(False, "--quick", help="A smaller run (about 6 minutes instead of about 15).")
+_USERS = typer.Option(None, "--users", min=1, max=64, help="Concurrent closed-loop users (default 6; --quick 4).")
+_CONVS = typer.Option(None, "--conversations", min=1, max=1000,
+                      help="Conversations in the generated workload (default 12; --quick 6).")
 
 
-def _run(name: str, out: Path | None, json_path: Path | None, quick: bool) -> None:
+def _run(name: str, out: Path | None, json_path: Path | None, quick: bool,
+         overrides: dict[str, int | None] | None = None) -> None:
+    import dataclasses
     import importlib
 
     from kvtier.demo.common import DemoError, console, model_facts, results_dir, write_json
@@ -23,6 +28,7 @@ def _run(name: str, out: Path | None, json_path: Path | None, quick: bool) -> No
 
     module = importlib.import_module(f"kvtier.demo.{name}")
     size = module.QUICK if quick else module.DEFAULT
+    size = dataclasses.replace(size, **{k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         with console.status("preparing the bundled model"):
             facts = model_facts(ensure_model())
@@ -38,10 +44,11 @@ def _run(name: str, out: Path | None, json_path: Path | None, quick: bool) -> No
 
 
 @demo_app.callback()
-def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK) -> None:
+def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
+              users: int = _USERS, conversations: int = _CONVS) -> None:
     """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo)."""
     if ctx.invoked_subcommand is None:
-        _run("companion", out, json_path, quick)
+        _run("companion", out, json_path, quick, {"concurrency": users, "conversations": conversations})
 
 
 @demo_app.command()

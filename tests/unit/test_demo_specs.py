@@ -40,3 +40,14 @@ def test_demo_chunk_is_a_multiple_of_the_cpu_block_size():
 def test_quick_is_smaller_than_default():
     q, d = companion.QUICK, companion.DEFAULT
     assert q.conversations <= d.conversations and q.duration_s <= d.duration_s
+
+
+def test_demo_rejects_bad_sizes_with_one_clear_error():
+    from typer.testing import CliRunner
+
+    from kvtier.cli import app
+
+    for args, name in ((["demo", "--users", "0"], "--users"), (["demo", "--conversations", "-3"], "--conversations")):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 2
+        assert name in res.output
