@@ -43,11 +43,15 @@ def test_quick_is_smaller_than_default():
 
 
 def test_demo_rejects_bad_sizes_with_one_clear_error():
+    import typer
     from typer.testing import CliRunner
 
-    from kvtier.cli import app
+    from kvtier.commands import demo_cmd
+
+    app = typer.Typer()
+    demo_cmd.register(app)
 
     for args, name in ((["demo", "--users", "0"], "--users"), (["demo", "--conversations", "-3"], "--conversations")):
-        res = CliRunner().invoke(app, args)
+        res = CliRunner().invoke(app, args, env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
         assert res.exit_code == 2
         assert name in res.output
