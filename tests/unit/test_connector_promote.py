@@ -13,7 +13,7 @@ from kvtier.integrations.vllm.layouts import CPU_LBHNC
 from kvtier.integrations.vllm.worker_side import WorkerSide
 from kvtier.keys import chunk_keys
 from kvtier.store import TieredStore
-from tests.unit.test_connector_sides import BLOCK, CHUNK, NS, FakeRequest, _admit, _kv, _prompt, _sched, _step
+from tests.unit.test_connector_sides import BLOCK, CHUNK, NS, FakeRequest, _admit, _kv, _prompt, _saved_store, _sched, _step
 
 
 def _cfg(tmp: Path, **kw) -> StoreConfig:
@@ -33,14 +33,9 @@ def _worker(store, kv, promote="background"):
 
 def _save_to_disk(tmp: Path, tokens, kv) -> list[int]:
     with TieredStore.open(_cfg(tmp), NS) as store:
-        s, tables = _sched(store)
-        req = FakeRequest("src", tokens)
-        _admit(s, tables, req)
-        w = _worker(store, kv)
-        w.save(_step(s, tables, req, len(tokens)))
-        w.end_step()
+        blocks = _saved_store(store, tokens, kv)
         assert store.flush(10)
-        return tables("src")
+        return blocks
 
 
 def _load(store, tokens, dst, promote="background"):
