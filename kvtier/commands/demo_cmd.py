@@ -12,9 +12,9 @@ demo_app = typer.Typer(help="End-to-end experiments on the bundled model with re
 _OUT = typer.Option(None, "--out", help="Results folder (default: ./results/<demo>-<UTC time>).")
 _JSON = typer.Option(None, "--json", help="Also write the figures to this JSON file.")
 _QUICK = typer.Option(False, "--quick", help="A smaller run (about 6 minutes instead of about 15).")
-_USERS = typer.Option(None, "--users", min=1, max=64, help="Concurrent closed-loop users (default 6; --quick 4).")
+_USERS = typer.Option(None, "--users", min=1, max=64, help="Concurrent closed-loop users (default 8; --quick 4).")
 _CONVS = typer.Option(None, "--conversations", min=1, max=1000,
-                      help="Conversations in the generated workload (default 12; --quick 6).")
+                      help="Conversations in the generated workload (default 16; --quick 6).")
 
 
 def _run(name: str, out: Path | None, json_path: Path | None, quick: bool,
