@@ -17,6 +17,14 @@ from kvtier.tiers.disk import DiskTier
 NS = Namespace("m", "f", "float32", "L", 4, 4)
 
 
+def _put_random(tier: DiskTier, first_token: int, size: int, seed: int):
+    """Put one chunk of ``size`` random bytes; its key and payload."""
+    key = chunk_keys(NS, [first_token, 1, 2, 3])[0]
+    src = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8).tobytes()
+    tier.put(ChunkMeta(key, None, 4, (size,), "uint8", size), src)
+    return key, src
+
+
 def _buf(n: int, aligned: bool) -> memoryview:
     if aligned:
         return memoryview(mmap.mmap(-1, n))
@@ -43,10 +51,8 @@ def test_roundtrip_every_path(tmp_path: Path, o_direct: bool, size: int, aligned
 def test_corruption_deep_in_a_large_chunk(tmp_path: Path, o_direct: bool, offset: int) -> None:
     tm = Telemetry()
     tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=o_direct, telemetry=tm)
-    key = chunk_keys(NS, [9, 1, 2, 3])[0]
     size = 6 * 2**20
-    src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8).tobytes()
-    tier.put(ChunkMeta(key, None, 4, (size,), "uint8", size), src)
+    key, src = _put_random(tier, 9, size, seed=1)
     with open(tier.path_of(key), "r+b") as f:
         f.seek(offset)
         b = f.read(1)
@@ -121,10 +127,8 @@ def test_read_error_in_a_helper_piece_is_a_miss(tmp_path: Path, monkeypatch) -> 
     import os
     tm = Telemetry()
     tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=True, telemetry=tm)
-    key = chunk_keys(NS, [3, 1, 2, 3])[0]
     size = 14 * 2**20
-    src = np.random.default_rng(3).integers(0, 256, size, dtype=np.uint8).tobytes()
-    tier.put(ChunkMeta(key, None, 4, (size,), "uint8", size), src)
+    key, src = _put_random(tier, 3, size, seed=3)
     real = os.preadv
 
     def flaky(fd, bufs, off, *a):
