@@ -82,6 +82,45 @@ class DiskTierConfig(_Section):
         return self
 
 
+class SharedTierBase(_Section):
+    """Fields every shared (many-machine) tier has. Deadlines bound every call the engine waits on."""
+
+    lookup_timeout_s: float = Field(default=0.5, gt=0, description="a batched existence check slower than this "
+                                    "answers 'unavailable' (the request proceeds without the shared tier)")
+    io_timeout_s: float = Field(default=5.0, gt=0, description="deadline of one batched read or write")
+    max_inflight: int = Field(default=8, ge=1, le=256, description="most threads/requests in flight to the backend "
+                              "at once: a stalled backend can hold at most this many")
+    probe_interval_s: float = Field(default=2.0, gt=0, description="after a timeout the tier is marked "
+                                    "unavailable (no new I/O) and probed this often until it answers")
+
+
+class SharedFsConfig(SharedTierBase):
+    """A POSIX directory on a filesystem many machines mount (JuiceFS, 3FS, CephFS, NFS...)."""
+
+    kind: Literal["sharedfs"] = "sharedfs"
+    path: Path = Field(description="directory on the shared mount (created if missing)")
+    capacity: ByteSize = Field(default=100 * 2**30, description="shared byte budget; the elected janitor evicts "
+                               "past it (no lock on the write path)")
+
+
+class ValkeyConfig(SharedTierBase):
+    """Valkey / Redis, standalone or cluster."""
+
+    kind: Literal["valkey"] = "valkey"
+    url: str = Field(default="redis://127.0.0.1:6379/0", description="valkey://, redis:// or rediss:// URL "
+                     "(credentials may be given here or in username/password; never logged)")
+
+
+class MooncakeConfig(SharedTierBase):
+    """Mooncake Store through its Python client (TCP here, RDMA where available)."""
+
+    kind: Literal["mooncake"] = "mooncake"
+    master: str = Field(default="127.0.0.1:50051", description="mooncake_master address host:port")
+
+
+SharedTierConfig = Annotated[SharedFsConfig | ValkeyConfig | MooncakeConfig, Field(discriminator="kind")]
+
+
 class StoreConfig(_Section):
     chunk_size: int = Field(default=256, ge=1, description="tokens per chunk; a multiple of the engine block size")
     eviction: Literal["lru", "cost"] = "lru"
@@ -89,6 +128,8 @@ class StoreConfig(_Section):
     promote_on_hit: bool = True
     memory: MemoryTierConfig = MemoryTierConfig()
     disk: DiskTierConfig = DiskTierConfig()
+    shared: SharedTierConfig | None = Field(default=None, description="the third tier, read and written by many "
+                                           "machines: {kind: sharedfs|valkey|mooncake, ...}; none by default")
 
 
 class ConnectorConfig(_Section):

@@ -16,7 +16,14 @@ one against every tier):
 * **Copy semantics.** ``put`` copies the payload (the caller may reuse its buffer at
   once); ``get`` returns a buffer the caller owns.
 * **Prefix-aware eviction.** Eviction removes chain tails first; evicted keys are
-  reported to ``on_evict`` so the store can drop chunks orphaned everywhere.
+  reported to ``on_evict`` so the store can drop chunks orphaned everywhere (tiers whose
+  ``capabilities.evicts_itself`` is set evict on their own and report nothing).
+
+The **batched, deadline-carrying calls** (``longest_prefix``, ``read_into``, ``write``,
+``delete_many``, ``flush``) are what the store uses; their values are defined in
+``kvtier.tiers.protocol``. Local tiers get them from the per-key calls below (their
+lookups are memory-only); network tiers (shared filesystem, Valkey, Mooncake) implement
+them natively with one round trip per batch and never block past the deadline.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from typing import Callable, Iterable, Sequence
 
 from kvtier.chunk import ChunkMeta
 from kvtier.keys import ChunkKey
+from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 
 EvictHook = Callable[[list[ChunkKey]], None]
 
@@ -52,6 +60,7 @@ class Tier(ABC):
     """One storage level. See the module docstring for the guarantees."""
 
     name: str = "tier"
+    capabilities: Capabilities = Capabilities()
 
     def __init__(self) -> None:
         self.on_evict: EvictHook | None = None
@@ -116,6 +125,50 @@ class Tier(ABC):
 
     def close(self) -> None:
         """Release resources; later calls may raise. Idempotent."""
+
+    # -- the batched, deadline-bounded calls the store uses (kvtier.tiers.protocol) ----------
+    def longest_prefix(self, keys: Sequence[ChunkKey], deadline: Deadline) -> PrefixResult:
+        """How many leading ``keys`` this tier holds. Local default: ``contains`` per key."""
+        n = 0
+        for key in keys:
+            if not self.contains(key):
+                return PrefixResult(n, Status.MISS)
+            n += 1
+        return PrefixResult(n, Status.HIT)
+
+    def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
+                  deadline: Deadline) -> list[ReadResult]:
+        """Read each key into its buffer (verified). Keys not reached before ``deadline`` are
+        UNAVAILABLE("timeout"). Local default: ``get_into`` per key."""
+        results: list[ReadResult] = []
+        for key, out in zip(keys, outs):
+            if deadline.expired():
+                results.append(ReadResult.unavailable("timeout"))
+                continue
+            meta = self.get_into(key, as_byte_view(out, writable=True))
+            results.append(ReadResult.hit(meta) if meta is not None else ReadResult.miss())
+        return results
+
+    def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:
+        """Accept chunks for writing; True per item accepted (False: refused or dropped, counted).
+        ``on_done(key, ok)`` follows for each accepted item once it is durable or has failed, and
+        each item's ``release`` is called once the tier no longer reads its payload. Local default:
+        a synchronous ``put`` (copies), so ``release`` and ``on_done`` run before returning."""
+        accepted: list[bool] = []
+        for item in items:
+            try:
+                ok = self.put(item.meta, item.payload)
+            finally:
+                if item.release is not None:
+                    item.release()
+            accepted.append(ok)
+            if on_done is not None:
+                on_done(item.meta.key, ok)
+        return accepted
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until accepted writes are durable; False if ``timeout`` expired first."""
+        return True
 
     def _report_evicted(self, keys: list[ChunkKey]) -> None:
         if keys and self.on_evict is not None:

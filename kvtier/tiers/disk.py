@@ -290,7 +290,7 @@ class DiskTier(Tier):
 
     def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
         """Synchronous write + publish in the calling thread."""
-        return self.write(meta, as_byte_view(payload))
+        return self.write_file(meta, as_byte_view(payload))
 
     def submit(self, meta: ChunkMeta, payload: memoryview, release: Callable[[], None]) -> bool:
         """Queue a background write of ``payload`` (kept alive until ``release()``); False = dropped."""
@@ -307,7 +307,7 @@ class DiskTier(Tier):
         """Start the background writer threads now, with the calling thread's CPU affinity."""
         self._writers.start()
 
-    def write(self, meta: ChunkMeta, payload: memoryview) -> bool:
+    def write_file(self, meta: ChunkMeta, payload: memoryview) -> bool:
         """Write to a temp file, then publish under the ledger lock (evicting to make room)."""
         if len(payload) != meta.payload_len:
             raise ValueError(f"payload is {len(payload)} bytes, meta says {meta.payload_len}")

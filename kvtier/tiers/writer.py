@@ -185,7 +185,7 @@ class WriterPool:
         if parent is not None and parent_ok is not None and not parent_ok(parent):
             self._tm.event("orphan_put", "disk", "parent left every tier before the write")
             return False
-        if not self._tier.write(job.meta, job.view):
+        if not self._tier.write_file(job.meta, job.view):
             return False
         if parent is not None and parent_ok is not None and not parent_ok(parent):
             self._tier.delete(job.meta.key)     # the parent left while we wrote: no orphan
