@@ -137,7 +137,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                       promote_min_hits=cfg.connector.promote_min_hits)
             port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
         if port:
-            serve(port)
+            serve(port, cfg.metrics.host)
         stats_dir = cfg.connector.stats_dir or (
             Path(cfg.store.disk.path) / "_stats" if cfg.store.disk.enabled and cfg.store.disk.path else None)
         self._snapshots = SnapshotWriter.start(Path(stats_dir), role_name, cfg.connector.stats_interval_s) \
