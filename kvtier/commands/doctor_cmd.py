@@ -2,8 +2,9 @@
 
 Rows: python, platform, torch, vLLM, CPU model, torch CPU capability, native bf16, the chosen
 dtype with its reason, the bundled model, cache folders; with ``--load`` also the model loaded
-with transformers and the cold prefill rate of a ~1K-token prompt (offline vLLM engine in a
-subprocess, prefix caching off, 1 output token) with the chosen dtype. A forced dtype this CPU
+with transformers, the cold prefill rate of a ~1K-token prompt (offline vLLM engine in a
+subprocess, prefix caching off, 1 output token) with the chosen dtype, and that engine's greedy
+answer to the bundled model's check question (a wrong answer is a problem). A forced dtype this CPU
 only emulates is a warning (exit 0); a missing piece is a ``problem:`` line and exit 1.
 """
 
@@ -22,13 +23,13 @@ from rich.table import Table
 
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
 from kvtier.compute import CpuFacts, DtypeChoice, cpu_facts
-from kvtier.prefill import PrefillError, PrefillPoint, measure_prefill
+from kvtier.prefill import PrefillError, PrefillPoint, ProbeResult, probe
 
 console = Console()
 err_console = Console(stderr=True)
 
 PREFILL_TOKENS = 1024
-Measure = Callable[[str, str, list[int]], list[PrefillPoint]]
+Measure = Callable[[str, str, list[int], str | None], ProbeResult]
 
 
 def _version(dist: str) -> str | None:
@@ -76,7 +77,7 @@ def doctor(
     dtype: str = dtype_option(),
 ) -> None:
     """Check the installation, the CPU and the dtype it computes fast; measure prefill (unless --no-load)."""
-    run_doctor(load, resolve_cli_dtype(dtype, say=False), cpu_facts(), measure_prefill)
+    run_doctor(load, resolve_cli_dtype(dtype, say=False), cpu_facts(), probe)
 
 
 def run_doctor(load: bool, choice: DtypeChoice, facts: CpuFacts, measure: Measure) -> None:
@@ -146,14 +147,23 @@ def run_doctor(load: bool, choice: DtypeChoice, facts: CpuFacts, measure: Measur
 
 
 def _prefill(table: Table, problems: list[str], choice: DtypeChoice, model: str, measure: Measure) -> None:
+    from kvtier.model import VERIFY_EXPECT, VERIFY_PROMPT
+
     with console.status(f"measuring cold prefill of {PREFILL_TOKENS} tokens in {choice.dtype}"):
         try:
-            points = measure(model, choice.dtype, [PREFILL_TOKENS])
+            result = measure(model, choice.dtype, [PREFILL_TOKENS], VERIFY_PROMPT)
         except PrefillError as e:
             table.add_row("prefill", f"[red]{e}[/]")
             problems.append(f"prefill measurement failed: {e}")
             return
-    table.add_row(*prefill_row(choice, points))
+    table.add_row(*prefill_row(choice, result.points))
+    answer = (result.answer or "").strip().replace("\n", " ")
+    if VERIFY_EXPECT.lower() in answer.lower():
+        table.add_row(f"answer ({choice.dtype})", f"[green]{answer[:80]}[/]")
+    else:
+        table.add_row(f"answer ({choice.dtype})", f"[red]{answer[:80]!r}[/]")
+        problems.append(f"the engine in {choice.dtype} answers {VERIFY_PROMPT!r} with {answer[:80]!r} "
+                        f"(expected {VERIFY_EXPECT!r}): this dtype computes wrong results here")
 
 
 def register(app: typer.Typer) -> None:

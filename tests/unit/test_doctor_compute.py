@@ -12,7 +12,7 @@ import typer
 from kvtier.commands import doctor_cmd
 from kvtier.compute import choose_dtype, facts_from
 from kvtier.model import ModelStatus
-from kvtier.prefill import PrefillError, PrefillPoint, parse_result, prompt_ids
+from kvtier.prefill import PrefillError, PrefillPoint, ProbeResult, parse_result, prompt_ids
 
 AVX2 = facts_from("model name\t: AMD EPYC 7B13\nflags\t\t: sse2 avx avx2 fma f16c\n", "AVX2")
 SPR = facts_from("model name\t: Intel Xeon 8481C\nflags\t\t: avx2 avx512f avx512_bf16 amx_bf16\n", "AVX512")
@@ -44,28 +44,29 @@ def _run(load, choice, facts, measure):
 def test_avx2_auto_prints_cpu_choice_and_measured_rate(ready_model, capsys):
     calls = []
 
-    def measure(model, dtype, lengths):
+    def measure(model, dtype, lengths, prompt):
         calls.append((model, dtype, lengths))
-        return [PrefillPoint(1024, 2.0)]
+        return ProbeResult(dtype, [PrefillPoint(1024, 2.0)], "The capital of France is Paris.")
 
     rc = _run(True, choose_dtype("auto", facts=AVX2, env={}), AVX2, measure)
     out, err = capsys.readouterr()
     assert rc == 0, out + err
     assert calls == [(str(ready_model), "float32", [1024])]
     for part in ("AMD EPYC 7B13", "avx2", "AVX2", "native bf16", "no (bf16 matmul is emulated", "float32",
-                 "auto:", "prefill (1024 tokens, float32)", "512 tokens/s", "2.00 s"):
+                 "auto:", "prefill (1024 tokens, float32)", "512 tokens/s", "2.00 s",
+                 "answer (float32)", "The capital of France is Paris."):
         assert part in out, part
     assert "warning" not in err
 
 
 def test_native_bf16_cpu_picks_bf16(ready_model, capsys):
-    rc = _run(True, choose_dtype("auto", facts=SPR, env={}), SPR, lambda m, d, n: [PrefillPoint(1024, 0.5)])
+    rc = _run(True, choose_dtype("auto", facts=SPR, env={}), SPR, lambda m, d, n, q: ProbeResult(d, [PrefillPoint(1024, 0.5)], "Paris"))
     out, _ = capsys.readouterr()
     assert rc == 0 and "yes (amx_bf16, avx512_bf16)" in out and "prefill (1024 tokens, bfloat16)" in out
 
 
 def test_forced_emulated_dtype_warns_but_passes(ready_model, capsys):
-    rc = _run(True, choose_dtype("bfloat16", facts=AVX2, env={}), AVX2, lambda m, d, n: [PrefillPoint(1024, 40.0)])
+    rc = _run(True, choose_dtype("bfloat16", facts=AVX2, env={}), AVX2, lambda m, d, n, q: ProbeResult(d, [PrefillPoint(1024, 40.0)], "Paris"))
     out, err = capsys.readouterr()
     assert rc == 0
     assert "warning: dtype bfloat16 (cli) is emulated on this AVX2 CPU" in err
@@ -73,12 +74,19 @@ def test_forced_emulated_dtype_warns_but_passes(ready_model, capsys):
 
 
 def test_failed_measurement_is_a_problem(ready_model, capsys):
-    def measure(model, dtype, lengths):
+    def measure(model, dtype, lengths, prompt):
         raise PrefillError("the prefill probe did not finish in 900 s")
 
     rc = _run(True, choose_dtype("auto", facts=AVX2, env={}), AVX2, measure)
     _, err = capsys.readouterr()
     assert rc == 1 and "problem: prefill measurement failed: the prefill probe did not finish" in err
+
+
+def test_wrong_answer_is_a_problem(ready_model, capsys):
+    rc = _run(True, choose_dtype("float16", facts=AVX2, env={}), AVX2,
+              lambda m, d, n, q: ProbeResult(d, [PrefillPoint(1024, 9.0)], "!!!!!!!!"))
+    _, err = capsys.readouterr()
+    assert rc == 1 and "the engine in float16 answers" in err and "computes wrong results" in err
 
 
 def test_no_load_does_not_measure(ready_model, capsys):
@@ -100,10 +108,34 @@ def test_doctor_cli_rejects_a_bad_dtype():
 
 
 def test_prefill_result_parsing_and_prompts():
-    assert parse_result("noise\nKVTIER_PREFILL_RESULT [{\"tokens\": 1024, \"seconds\": 2.5}]\n") == \
-        [PrefillPoint(1024, 2.5)]
-    for bad in ("nothing here", "KVTIER_PREFILL_RESULT {oops"):
+    out = 'noise\nKVTIER_PREFILL_RESULT {"dtype": "float32", "points": [{"tokens": 1024, "seconds": 2.5}], ' \
+          '"answer": "Paris"}\n'
+    assert parse_result(out) == ProbeResult("float32", [PrefillPoint(1024, 2.5)], "Paris")
+    for bad in ("nothing here", "KVTIER_PREFILL_RESULT {oops", 'KVTIER_PREFILL_RESULT [{"tokens": 1}]'):
         with pytest.raises(PrefillError):
             parse_result(bad)
     a, b = prompt_ids(1024, 1), prompt_ids(1024, 2)
     assert len(a) == 1024 and a[:128] != b[:128] and all(100 <= t < 49152 for t in a + b)
+
+
+def test_generate_passes_the_resolved_dtype(monkeypatch, tmp_path):
+    import kvtier.engine
+    import kvtier.runtime
+    from typer.testing import CliRunner
+
+    from kvtier.cli import _register_all, app
+
+    seen = {}
+
+    def fake_chat(model, prompt, *, max_tokens, dtype):
+        seen.update(model=model, dtype=dtype)
+        return "Paris."
+
+    monkeypatch.setattr(kvtier.engine, "offline_chat", fake_chat)
+    monkeypatch.setattr(kvtier.runtime, "apply_vllm_env", lambda *a, **k: None)
+    monkeypatch.delenv("KVTIER_DTYPE", raising=False)
+    _register_all()
+    r = CliRunner().invoke(app, ["generate", "capital?", "--model", str(tmp_path), "--dtype", "float16"])
+    assert r.exit_code == 0, r.output
+    assert "Paris." in r.stdout and seen["dtype"].dtype == "float16" and seen["dtype"].source == "cli"
+    assert "dtype float16 (cli" in r.stderr
