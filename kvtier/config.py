@@ -108,7 +108,7 @@ class SharedFsConfig(SharedTierBase):
     lookup_threads: int = Field(default=32, ge=1, le=256, description="parallel stat/read threads per process "
                                 "(a network filesystem's stat is a metadata round trip)")
     writer_threads: int = Field(default=4, ge=1, le=64, description="background writer threads per process")
-    queue_depth: int = Field(default=64, ge=1, description="bounded write queue; when full, stores are dropped")
+    queue_depth: int = Field(default=256, ge=1, description="bounded write queue; when full, stores are dropped")
     fsync: bool = Field(default=False, description="fsync each chunk file before it is renamed into place")
     touch_interval_s: float = Field(default=60.0, ge=0, description="a hit refreshes a chunk's access stamp "
                                     "(mtime) when it is older than this")

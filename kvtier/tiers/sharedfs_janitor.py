@@ -7,8 +7,9 @@ hold the **lease** ``janitor/lease`` (a small JSON file on the filesystem itself
 * no lease file: create it exclusively (``link(2)`` of a complete temp file: the file
   appears whole, and only one creator succeeds, also on NFS);
 * our lease: renew it (temp + ``rename``) while it has not expired;
-* someone else's lease past its expiry (wall clock; a dead holder stops renewing):
-  replace it by ``rename`` and read it back (the last rename wins).
+* someone else's lease past its expiry (wall clock; a dead holder stops renewing), or an
+  unreadable one not modified for ``lease_ttl_s``: replace it by ``rename`` and read it
+  back (the last rename wins). An unreadable fresh lease is a renewal in flight: wait.
 
 Two holders at once are possible for one pass (two processes replacing the same expired
 lease) and harmless: a pass only deletes the oldest files and unlinking twice is a no-op.
@@ -80,6 +81,12 @@ class Lease:
             finally:
                 os.unlink(tmp)
         now = self.clock()
+        if cur is None:     # unreadable: racing a renewal's rename (retry later) or garbage left long ago
+            try:
+                if time.time() - path.stat().st_mtime < self.ttl:
+                    return False
+            except FileNotFoundError:
+                return False
         if cur is not None and cur.get("holder") == self.holder and float(cur.get("expires", 0)) > now:
             self.layout.write_json(path, self._record())
             return True

@@ -69,7 +69,10 @@ def test_election_across_processes_has_one_winner(tmp_path) -> None:
 def test_unreadable_lease_is_taken_over(tmp_path) -> None:
     layout = _layout(tmp_path)
     layout.lease.write_text("{half")
-    assert Lease(layout, 10).try_hold()
+    assert not Lease(layout, 10).try_hold()        # fresh: a renewal being written; wait
+    old = time.time() - 60
+    os.utime(layout.lease, (old, old))
+    assert Lease(layout, 10).try_hold()            # left long ago: taken over
 
 
 def test_eviction_is_oldest_first_and_tail_first(tmp_path) -> None:
