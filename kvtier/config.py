@@ -161,6 +161,21 @@ class StoreConfig(_Section):
     disk: DiskTierConfig = DiskTierConfig()
     shared: SharedTierConfig | None = Field(default=None, description="the third tier, read and written by many "
                                            "machines: {kind: sharedfs|valkey|mooncake, ...}; none by default")
+    deployment: str = Field(default="", max_length=128, description="deployment-wide namespace prefix: deployments "
+                            "sharing one backend with different values never read each other's chunks")
+    signing_key: SecretStr | None = Field(default=None, description="deployment secret (>= 16 bytes): every chunk "
+                                          "is signed with a keyed BLAKE3 MAC and unsigned or wrongly signed chunks "
+                                          "are misses; never logged")
+    signing_key_file: Path | None = Field(default=None, description="read the signing secret from this file "
+                                          "instead (must not be readable by group or others)")
+
+    @model_validator(mode="after")
+    def _one_signing_source(self) -> "StoreConfig":
+        if self.signing_key is not None and self.signing_key_file is not None:
+            raise ValueError("set store.signing_key or store.signing_key_file, not both")
+        if self.signing_key is not None and len(self.signing_key.get_secret_value().encode()) < 16:
+            raise ValueError("store.signing_key must be at least 16 bytes")
+        return self
 
 
 class ConnectorConfig(_Section):

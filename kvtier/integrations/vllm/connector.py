@@ -101,7 +101,8 @@ class KvtierConnector(KVConnectorBase_V1):
         cfg = self.config
         block_size = int(vllm_config.cache_config.block_size)
         layout = engine_layout(vllm_config, kv_cache_config)
-        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout)
+        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout,
+                                          deployment=cfg.store.deployment)
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         self._unsupported = len(groups) > 1
         if self._unsupported:
