@@ -202,6 +202,8 @@ class ConnectorConfig(_Section):
 
 class MetricsConfig(_Section):
     port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the metrics endpoint binds; anything "
+                      "but loopback exposes cache statistics to the network and is logged at start")
 
 
 class KvtierConfig(_Section):

@@ -15,8 +15,13 @@ import os
 import stat
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from kvtier.chunk import MIN_MAC_KEY
 from kvtier.config import ConfigError, StoreConfig
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 PRIVATE_DIR_MODE = 0o700
 PRIVATE_FILE_MODE = 0o600
@@ -67,3 +72,33 @@ def check_private_dir(path: Path, *, allow_shared: bool = False) -> None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeDirectory(f"cache directory {path} is writable by group or others (mode "
                               f"{stat.S_IMODE(st.st_mode):o}); chmod 700 it or set allow_shared_dir")
+
+
+def split_secrets(config: "BaseModel", prefix: str = "KVTIER_") -> tuple[dict, dict[str, str]]:
+    """``config`` dumped to JSON-able data WITHOUT its secret fields, and those secrets as the
+    ``KVTIER_*`` environment variables the config loader reads back (``KVTIER_STORE__SIGNING_KEY``).
+
+    For handing a config to another process: secrets then travel in its environment (readable
+    only by the same user), never on a command line (``ps`` shows it to every local user) nor in
+    logs or reports."""
+    from pydantic import BaseModel, SecretStr
+
+    env: dict[str, str] = {}
+
+    def walk(model: "BaseModel", path: list[str]) -> dict:
+        out: dict = {}
+        for name in type(model).model_fields:
+            value = getattr(model, name)
+            if isinstance(value, SecretStr):
+                env[prefix + "__".join(p.upper() for p in [*path, name])] = value.get_secret_value()
+            elif isinstance(value, BaseModel):
+                out[name] = walk(value, [*path, name])
+            else:
+                out[name] = type(model).__pydantic_serializer__.to_python(model, mode="json", include={name})[name]
+        return out
+
+    return walk(config, []), env
+
+
+def is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
