@@ -175,6 +175,18 @@ class MooncakeConfig(SharedTierBase):
 
     kind: Literal["mooncake"] = "mooncake"
     master: str = Field(default="127.0.0.1:50051", description="mooncake_master address host:port")
+    metadata_server: str = Field(default="http://127.0.0.1:8080/metadata", description="transfer-engine "
+                                 "metadata service: the master's built-in HTTP one, etcd://..., or P2PHANDSHAKE")
+    protocol: Literal["tcp", "rdma"] = Field(default="tcp", description="transfer protocol")
+    rdma_devices: str = Field(default="", description="RDMA device names (protocol rdma), comma separated")
+    local_hostname: str = Field(default="127.0.0.1", description="this client's address as other clients "
+                                "reach it (set to the machine's IP on a real cluster)")
+    segment_bytes: ByteSize = Field(default=0, description="memory this client lends to the pool; 0: store "
+                                    "into other clients' segments (a standalone pool owner), because objects "
+                                    "in a client's own segment vanish when it exits")
+    local_buffer_bytes: ByteSize = Field(default=16 * 2**20, description="the client's transfer staging buffer")
+    replicas: int = Field(default=1, ge=1, le=8, description="replicas per chunk")
+    key_prefix: str = Field(default="kvtier", min_length=1, description="prefix of every object key")
 
 
 SharedTierConfig = Annotated[SharedFsConfig | ValkeyConfig | MooncakeConfig, Field(discriminator="kind")]
