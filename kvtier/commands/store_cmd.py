@@ -48,7 +48,12 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
                                            "pass back to back (alternating order); figures are medians"),
                 json_path: Path = typer.Option(None, "--json", help="write the results as JSON here"),
                 md_path: Path = typer.Option(None, "--md", help="write a Markdown report here (default with "
-                                             "--json: the same path with .md)")) -> None:
+                                             "--json: the same path with .md)"),
+                sharedfs: Path = typer.Option(None, "--sharedfs", help="also measure the shared-filesystem tier "
+                                              "vs raw I/O in this directory on a shared mount"),
+                sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="the same directory through a "
+                                                   "second mount (reads come from there: 'the other machine')"))\
+        -> None:
     """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O (median of rounds)."""
     import time
 
@@ -59,7 +64,11 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--volume") from None
     path = directory or kvtier_home() / "bench-store"
-    result = run(path, vol, quick, log=typer.echo, repeat=repeat)
+    for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
+        if p is not None and not p.is_dir():
+            raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
+    result = run(path, vol, quick, log=typer.echo, repeat=repeat,
+                 sharedfs=(sharedfs, sharedfs_read) if sharedfs is not None else None)
     result["command"] = " ".join(shlex.quote(a) for a in ["kvtier", *sys.argv[1:]])
     result["cwd"] = os.getcwd()
     result["time"] = time.time()

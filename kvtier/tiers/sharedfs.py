@@ -397,9 +397,7 @@ class SharedFsTier(Tier):
         t0 = time.perf_counter()
         final = self.layout.path_of(meta.key)
         tmp = f"{self.layout.tmp}/{meta.key.hex()}.{HOST}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}.tmp"
-        try:
-            if sio.stat_chunk(final) is not None:
-                return True                   # another machine wrote it: content-addressed, same bytes
+        try:      # no "already there?" stat first: a duplicate (a race) just replaces identical bytes
             sio.write_chunk(tmp, encode_header(self._ns, meta), payload, fsync=self.cfg.fsync, stamp_ns=stamp)
             try:
                 os.rename(tmp, final)
