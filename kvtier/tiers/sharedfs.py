@@ -37,6 +37,7 @@ from kvtier.tiers.sharedfs_janitor import Janitor
 from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, BurstEvents, Layout, Stamps
 
 OK, READ_ONLY, DOWN = "ok", "read_only", "down"
+BAD_GRACE_S = 10.0      # a file failing verification is removed once renamed into place this long ago
 
 
 class _Batch:
@@ -279,7 +280,8 @@ class SharedFsTier(Tier):
                 self.events("missing", f"{key.hex()[:16]} vanished after lookup")
                 return b.put(i, ReadResult.miss("missing"))
             except ChunkError as e:
-                self.events(e.kind, f"{key.hex()[:16]}: {e}")
+                removed = self._remove_bad(key)
+                self.events(e.kind, f"{key.hex()[:16]}: {e}{' (removed)' if removed else ''}")
                 return b.put(i, ReadResult.miss(e.kind))
             except ValueError as e:
                 return b.put(i, e)
@@ -310,6 +312,21 @@ class SharedFsTier(Tier):
             results.append(v)  # type: ignore[arg-type]
         self._account(keys, results, mtimes, time.perf_counter() - t0)
         return results
+
+    def _remove_bad(self, key: bytes) -> bool:
+        """Unlink a chunk file that failed verification once it has been in place a while
+        (ctime: the rename) — a lookup would otherwise claim it again and again. A file renamed
+        in the last ``BAD_GRACE_S`` may be another machine's write in progress on a mount without
+        close-to-open: left alone."""
+        path = self.layout.path_of(key)
+        try:
+            if time.time() - os.stat(path).st_ctime < BAD_GRACE_S:
+                return False
+            os.unlink(path)
+        except OSError:
+            return False
+        self.stamps.drop(key)
+        return True
 
     def _account(self, keys: Sequence[ChunkKey], results: list[ReadResult], mtimes: list[int], dt: float) -> None:
         """Telemetry, stamps, and a background refresh of stale access stamps (head newest)."""
