@@ -15,6 +15,8 @@ runner = CliRunner()
 
 
 def test_serve_dry_run_builds_the_vllm_command(tmp_path):
+    (tmp_path / "config.json").write_text("{}")          # looks like a model folder (serve checks the files)
+    (tmp_path / "model.safetensors").write_bytes(b"")
     r = runner.invoke(app, ["serve", "--dry-run", "--disk", str(tmp_path / "ssd"), "--ram", "1GiB",
                             "--model", str(tmp_path), "--", "--max-model-len", "8192"])
     assert r.exit_code == 0, r.output
