@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 ENV_PREFIX = "KVTIER_"
 
@@ -150,6 +150,21 @@ class StoreConfig(_Section):
                                            "machines: {kind: sharedfs|valkey|mooncake, ...}; none by default")
     faults: FaultyConfig | None = Field(default=None, description="fault drill: wrap store.faults.wraps with "
                                         "injected latency, errors, corruption and stalls; none by default")
+    deployment: str = Field(default="", max_length=128, description="deployment-wide namespace prefix: deployments "
+                            "sharing one backend with different values never read each other's chunks")
+    signing_key: SecretStr | None = Field(default=None, description="deployment secret (>= 16 bytes): every chunk "
+                                          "is signed with a keyed BLAKE3 MAC and unsigned or wrongly signed chunks "
+                                          "are misses; never logged")
+    signing_key_file: Path | None = Field(default=None, description="read the signing secret from this file "
+                                          "instead (must not be readable by group or others)")
+
+    @model_validator(mode="after")
+    def _one_signing_source(self) -> "StoreConfig":
+        if self.signing_key is not None and self.signing_key_file is not None:
+            raise ValueError("set store.signing_key or store.signing_key_file, not both")
+        if self.signing_key is not None and len(self.signing_key.get_secret_value().encode()) < 16:
+            raise ValueError("store.signing_key must be at least 16 bytes")
+        return self
 
 
 class ConnectorConfig(_Section):
@@ -176,6 +191,8 @@ class ConnectorConfig(_Section):
 
 class MetricsConfig(_Section):
     port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the metrics endpoint binds; anything "
+                      "but loopback exposes cache statistics to the network and is logged at start")
 
 
 class KvtierConfig(_Section):

@@ -45,6 +45,7 @@ def serve(
     from kvtier.config import ConfigError, load_config, parse_size
     from kvtier.model import default_model_path
     from kvtier.runtime import vllm_env
+    from kvtier.security import is_loopback, split_secrets
 
     overrides: dict = {}
     if disk is not None:
@@ -84,11 +85,14 @@ def serve(
             err.print(f"[red]error: {problem}[/]", highlight=False)
             raise typer.Exit(2)
     model_path = str(model or default_model_path())
-    argv = build_argv(model_path, cfg.model_dump(mode="json"), port, host, passthrough)
+    public, secret_env = split_secrets(cfg)      # secrets go to vLLM's environment, never its argv
+    argv = build_argv(model_path, public, port, host, passthrough)
+    if not is_loopback(host):
+        err.print(f"[yellow]kvtier serve: binding {host}:{port} (not loopback): the API is reachable from the network[/]")
     if dry_run:
         print(" ".join(argv))
         return
-    os.execvpe(argv[0], argv, vllm_env())
+    os.execvpe(argv[0], argv, {**vllm_env(), **secret_env})
 
 
 def register(app: typer.Typer) -> None:

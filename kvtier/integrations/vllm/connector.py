@@ -101,7 +101,8 @@ class KvtierConnector(KVConnectorBase_V1):
         cfg = self.config
         block_size = int(vllm_config.cache_config.block_size)
         layout = engine_layout(vllm_config, kv_cache_config)
-        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout)
+        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout,
+                                          deployment=cfg.store.deployment)
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         self._unsupported = len(groups) > 1
         if self._unsupported:
@@ -136,7 +137,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                       promote_min_hits=cfg.connector.promote_min_hits)
             port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
         if port:
-            serve(port)
+            serve(port, cfg.metrics.host)
         stats_dir = cfg.connector.stats_dir or (
             Path(cfg.store.disk.path) / "_stats" if cfg.store.disk.enabled and cfg.store.disk.path else None)
         self._snapshots = SnapshotWriter.start(Path(stats_dir), role_name, cfg.connector.stats_interval_s) \
