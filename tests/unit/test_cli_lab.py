@@ -230,12 +230,15 @@ def test_malformed_import_files(app, tmp_path):
                     "s.json", code=2)
 
 
-def test_model_folder_that_is_not_a_model(app, tmp_path):
+def test_model_folder_that_is_not_a_model(app, tmp_path, monkeypatch):
+    def no_exec(*a):
+        raise AssertionError("serve started vLLM on a folder that is not a model")
+    monkeypatch.setattr("os.execvpe", no_exec)
     empty = tmp_path / "not-a-model"
     empty.mkdir()
     (empty / "README").write_text("hello")
     for args in (["generate", "hi", "--model", str(empty)],
-                 ["serve", "--model", str(empty), "--dry-run"],
+                 ["serve", "--model", str(empty)],
                  ["workload", "longdoc", "--out", str(tmp_path / "d.jsonl"), "--tokenizer", str(empty)]):
         _one_line_error(_run(app, *args), "not-a-model")
 
