@@ -165,8 +165,8 @@ def choose_dtype(requested: str | None = None, *, source: str = "cli", facts: Cp
         if facts.native_bf16:
             hit = sorted(facts.flags & (_X86_BF16 | _ARM_BF16))
             return DtypeChoice("bfloat16", "auto", f"{cpu} has native bf16 ({', '.join(hit)})", False)
-        return DtypeChoice("float32", "auto", f"{cpu} has no native bf16 (bf16 matmul would be "
-                                              "emulated, many times slower); float32 is faster here", False)
+        return DtypeChoice("float32", "auto", f"{cpu} has no native bf16, so bf16 matmul would be "
+                                              "emulated (many times slower); float32 is faster here", False)
     dtype = normalize_dtype(req)
     return _forced(dtype, source, f"requested {dtype}", facts)
 
@@ -198,3 +198,23 @@ def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
     head_dim = cfg.get("head_dim") or int(cfg["hidden_size"]) // heads
     kv_heads = cfg.get("num_key_value_heads") or heads
     return kv_bytes(cfg["num_hidden_layers"], kv_heads, head_dim, dtype_itemsize(dtype))
+
+
+_announced: set[DtypeChoice] = set()
+
+
+def announce(choice: DtypeChoice, emit=None) -> bool:
+    """Say ``choice.describe()`` once per process (``emit``: a one-argument callable; default: stderr).
+
+    Returns True when this call printed it. A forced emulated dtype is said as a warning.
+    """
+    if choice in _announced:
+        return False
+    _announced.add(choice)
+    line = f"kvtier: {choice.describe()}"
+    if emit is None:
+        import sys
+        print(line, file=sys.stderr, flush=True)
+    else:
+        emit(line)
+    return True

@@ -104,11 +104,42 @@ class SharedFsConfig(SharedTierBase):
 
 
 class ValkeyConfig(SharedTierBase):
-    """Valkey / Redis, standalone or cluster."""
+    """Valkey / Redis, standalone or cluster. Credentials in the URL are moved into ``username`` /
+    ``password`` at load time, so no repr, log line or report ever shows them."""
 
     kind: Literal["valkey"] = "valkey"
     url: str = Field(default="redis://127.0.0.1:6379/0", description="valkey://, redis:// or rediss:// URL "
                      "(credentials may be given here or in username/password; never logged)")
+    cluster: bool = Field(default=False, description="Valkey/Redis Cluster: url names one node, the client "
+                          "discovers the rest; a chunk's keys share one hash slot")
+    username: str | None = Field(default=None, description="ACL user name (default user when unset)")
+    password: SecretStr | None = Field(default=None, description="password (or env "
+                                       "KVTIER_STORE__SHARED__PASSWORD); shown as ********** everywhere")
+    tls: bool = Field(default=False, description="connect with TLS (also implied by a rediss:// url)")
+    tls_ca_file: Path | None = Field(default=None, description="CA bundle to verify the server (TLS)")
+    ttl_s: float | None = Field(default=None, gt=0, description="expire chunks this long after their write; "
+                                "none: only the server's maxmemory policy evicts")
+    key_prefix: str = Field(default="kvtier", min_length=1, description="prefix of every key kvtier writes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_out_of_url(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("url"), str):
+            from urllib.parse import unquote, urlsplit, urlunsplit
+
+            parts = urlsplit(data["url"])
+            if parts.username or parts.password:
+                data = dict(data)
+                host = parts.hostname or ""
+                netloc = f"[{host}]" if ":" in host else host
+                if parts.port:
+                    netloc += f":{parts.port}"
+                data["url"] = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+                if parts.username and not data.get("username"):
+                    data["username"] = unquote(parts.username)
+                if parts.password and not data.get("password"):
+                    data["password"] = unquote(parts.password)
+        return data
 
 
 class MooncakeConfig(SharedTierBase):

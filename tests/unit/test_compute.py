@@ -143,3 +143,21 @@ def test_this_machine_facts_are_consistent():
     assert isinstance(f, CpuFacts) and f.capability
     assert f.native_bf16 == bool(f.flags & {"avx512_bf16", "amx_bf16", "bf16", "svebf16", "sve_bf16"})
     assert isinstance(choose_dtype(), DtypeChoice)
+
+
+def test_demo_model_facts_use_the_one_formula(tmp_path):
+    from kvtier.demo.common import model_facts
+
+    d = _model_dir(tmp_path, max_position_embeddings=8192)
+    f = model_facts(d, "float32")
+    assert (f.kv_bytes_per_token, f.max_model_len, f.dtype) == (kv_bytes_per_token(d, "float32"), 8192, "float32")
+    assert model_facts(d, "bf16").kv_bytes_per_token == 23_040
+
+
+def test_announce_says_a_choice_once():
+    from kvtier.compute import announce
+
+    c = DtypeChoice("float16", "cli", "test-only reason", True)
+    said: list[str] = []
+    assert announce(c, said.append) and not announce(c, said.append)
+    assert len(said) == 1 and "float16" in said[0] and "emulated" in said[0]

@@ -31,10 +31,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtier.compute import dtype_itemsize, kv_bytes
 from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, serve
-from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace
+from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name
 from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
 from kvtier.integrations.vllm.worker_side import WorkerSide
 
@@ -70,14 +71,13 @@ _TIER_SOURCE = {"memory": CacheHitSource.HOST, "ram": CacheHitSource.HOST, "work
 
 
 def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
-    """Approximate KV bytes of one chunk (all layers), to bound the worker-keys set."""
+    """KV bytes of one chunk (all layers) from the model config and the KV dtype, to bound the worker-keys set."""
     try:
         mc = vllm_config.model_config
-        layers = mc.get_num_layers(vllm_config.parallel_config)
-        heads = mc.get_num_kv_heads(vllm_config.parallel_config)
-        itemsize = 2 if "16" in str(mc.dtype) else 4
-        return max(1, 2 * layers * heads * mc.get_head_size() * itemsize * chunk_size)
-    except Exception:  # an exotic model config: a conservative default
+        return max(1, kv_bytes(mc.get_num_layers(vllm_config.parallel_config),
+                               mc.get_num_kv_heads(vllm_config.parallel_config), mc.get_head_size(),
+                               dtype_itemsize(kv_dtype_name(vllm_config)), tokens=chunk_size))
+    except Exception:  # an exotic model config or KV dtype: a conservative default
         return 1 << 20
 
 
