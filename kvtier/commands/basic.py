@@ -101,7 +101,6 @@ def generate(
     from kvtier.model import ModelError, ensure_model, model_folder_problem
     from kvtier.runtime import apply_vllm_env
 
-    choice = resolve_cli_dtype(dtype)
     try:
         path = model or ensure_model()
     except ModelError as e:
@@ -111,6 +110,7 @@ def generate(
     if problem:
         err_console.print(f"error: {problem}", highlight=False)
         raise typer.Exit(2)
+    choice = resolve_cli_dtype(dtype)
     import os
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     apply_vllm_env()

