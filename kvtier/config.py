@@ -192,6 +192,24 @@ class MooncakeConfig(SharedTierBase):
 SharedTierConfig = Annotated[SharedFsConfig | ValkeyConfig | MooncakeConfig, Field(discriminator="kind")]
 
 
+class FaultyConfig(_Section):
+    """A drill: wrap one tier with injected faults (kvtier.tiers.faulty.FaultyTier). Never for production."""
+
+    kind: Literal["faulty"] = "faulty"
+    wraps: Literal["memory", "disk", "shared"] = Field(default="disk", description="the tier that gets the faults")
+    latency_ms: float = Field(default=0.0, ge=0, description="added to every batched call (a read or lookup "
+                              "slower than its deadline answers 'unavailable')")
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of calls that fail (unavailable "
+                              "lookups, failed reads and writes)")
+    corrupt_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of chunk reads whose bytes are "
+                                "flipped before verification (must become a miss, never wrong data)")
+    stall_after: int | None = Field(default=None, ge=0, description="after this many calls every call stalls "
+                                    "for stall_s (a hung backend); none: never")
+    stall_s: float = Field(default=30.0, ge=0, description="how long a stalled call blocks (bounded by the "
+                           "call's deadline where it has one)")
+    seed: int = Field(default=0, description="seed of the fault schedule (same seed, same faults)")
+
+
 class StoreConfig(_Section):
     chunk_size: int = Field(default=256, ge=1, description="tokens per chunk; a multiple of the engine block size")
     eviction: Literal["lru", "cost"] = "lru"
@@ -201,6 +219,8 @@ class StoreConfig(_Section):
     disk: DiskTierConfig = DiskTierConfig()
     shared: SharedTierConfig | None = Field(default=None, description="the third tier, read and written by many "
                                            "machines: {kind: sharedfs|valkey|mooncake, ...}; none by default")
+    faults: FaultyConfig | None = Field(default=None, description="fault drill: wrap store.faults.wraps with "
+                                        "injected latency, errors, corruption and stalls; none by default")
     deployment: str = Field(default="", max_length=128, description="deployment-wide namespace prefix: deployments "
                             "sharing one backend with different values never read each other's chunks")
     signing_key: SecretStr | None = Field(default=None, description="deployment secret (>= 16 bytes): every chunk "

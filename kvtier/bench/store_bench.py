@@ -445,8 +445,7 @@ def machine(path: Path) -> dict:
 
 # -- driver -------------------------------------------------------------------------------
 def run(path: Path, volume: int, quick: bool, log=print, repeat: int = 5, variants: list[str] | None = None,
-        recovery_chunks: int | None = None, lookup_reps: int = 200,
-        sharedfs: tuple[Path, Path | None] | None = None) -> dict:
+        recovery_chunks: int | None = None, lookup_reps: int = 200) -> dict:
     variants = list(variants or VARIANTS)
     if HEADLINE not in variants:
         variants.insert(0, HEADLINE)
@@ -484,10 +483,6 @@ def run(path: Path, volume: int, quick: bool, log=print, repeat: int = 5, varian
     result["index_recovery"] = rec
     log(f"index recovery of {rec['chunks']} chunks: {rec['open_s_no_manifest']} s reading every header, "
         f"{rec['open_s_with_manifest']} s with the manifest")
-    if sharedfs is not None:   # shared-filesystem tier vs raw I/O on the same mount (store_bench_sharedfs.py)
-        from kvtier.bench.store_bench_sharedfs import bench_sharedfs
-        result["sharedfs"] = bench_sharedfs(sharedfs[0], sharedfs[1], volume=min(volume, 256 << 20),
-                                            repeat=min(repeat, 3), log=log)
     d = result["models"]["default"]
     result.update({"memory": d["memory"], "disk": d["disk"], **lk})
     result["targets"] = targets(result)
@@ -596,4 +591,6 @@ def to_markdown(r: dict) -> str:
         lines += markdown_rows(r["sharedfs"])
     if "duration_s" in r:
         lines += [f"Bench duration: {r['duration_s']} s.", ""]
+    from kvtier.bench.store_bench_shared import shared_markdown  # rows of --shared (services helper)
+    lines += shared_markdown(r)
     return "\n".join(lines)
