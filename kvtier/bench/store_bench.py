@@ -588,4 +588,6 @@ def to_markdown(r: dict) -> str:
         lines.append("")
     if "duration_s" in r:
         lines += [f"Bench duration: {r['duration_s']} s.", ""]
+    from kvtier.bench.store_bench_shared import shared_markdown  # rows of --shared (services helper)
+    lines += shared_markdown(r)
     return "\n".join(lines)
