@@ -165,8 +165,8 @@ class EngineSim:
                 t, _, r = heapq.heappop(arrivals)
                 send[r] = t
                 sent[r] = True
-                waiting.append(_Req(r, t, int(tr.prompt_tokens[r]), int(out_tokens[r])))
-                blocked = False
+                waiting.append(_Req(r, t, int(tr.prompt_tokens[r]), int(out_tokens[r])))   # (an arrival
+                # frees no KV block: a blocked queue head stays blocked until a request finishes)
             D = len(decode_heap)
             if not prefilling and not D and not waiting:
                 if not arrivals:
