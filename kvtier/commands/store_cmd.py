@@ -86,11 +86,17 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
                                              "--json: the same path with .md)"),
                 shared: str = typer.Option("", "--shared", help="also measure shared tiers vs their own client: "
                                            "comma list of valkey,mooncake"),
-                shared_only: bool = typer.Option(False, "--shared-only", help="measure only the --shared backends"),
+                shared_only: bool = typer.Option(False, "--shared-only", help="measure only the --shared backends "
+                                                 "(and --sharedfs)"),
                 valkey_url: str = typer.Option("", "--valkey", help="Valkey URL for --shared (default: start a "
                                                "local throwaway server)"),
                 mooncake_ep: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared "
-                                                "(default: start a local master + pool owner)")) -> None:
+                                                "(default: start a local master + pool owner)"),
+                sharedfs: Path = typer.Option(None, "--sharedfs", help="also measure the shared-filesystem tier "
+                                              "vs raw I/O in this directory on a shared mount"),
+                sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="the same directory through a "
+                                                   "second mount (reads come from there: 'the other machine')"))\
+        -> None:
     """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O (median of rounds)."""
     import time
 
@@ -101,9 +107,13 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--volume") from None
     path = directory or kvtier_home() / "bench-store"
+    for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
+        if p is not None and not p.is_dir():
+            raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
     backends = [b.strip() for b in shared.split(",") if b.strip()]
-    if shared_only and not backends:
-        raise typer.BadParameter("--shared-only needs --shared valkey,mooncake", param_hint="--shared-only")
+    if shared_only and not backends and sharedfs is None:
+        raise typer.BadParameter("--shared-only needs --shared valkey,mooncake or --sharedfs DIR",
+                                 param_hint="--shared-only")
     if shared_only:
         from kvtier.bench.store_bench import machine
         path.mkdir(parents=True, exist_ok=True)
@@ -123,6 +133,12 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
                           endpoints=eps, log=typer.echo)
         result["shared"] = {k: v for k, v in flat.items() if isinstance(v, dict)}
         result.update({k: v for k, v in flat.items() if not isinstance(v, dict)})
+    if sharedfs is not None:
+        from kvtier.bench.store_bench_sharedfs import bench_sharedfs
+        sf = bench_sharedfs(sharedfs, sharedfs_read, volume=min(vol, 256 * 2**20), repeat=min(repeat, 3),
+                            log=typer.echo)
+        result["sharedfs"] = sf
+        result.update({f"sharedfs.{k}": sf[k] for k in ("get_gbps", "put_gbps", "raw_get_gbps", "raw_put_gbps")})
     result["command"] = " ".join(shlex.quote(a) for a in ["kvtier", *sys.argv[1:]])
     result["cwd"] = os.getcwd()
     result["time"] = time.time()
@@ -140,6 +156,9 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
             text = "\n".join([f"# kvtier shared-tier benchmark", "", f"Command: `{result['command']}`", "",
                               f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}", *shared_markdown(result),
                               ""])
+            if "sharedfs" in result:
+                from kvtier.bench.store_bench_sharedfs import markdown_rows
+                text += "\n" + "\n".join(markdown_rows(result["sharedfs"]))
         else:
             text = to_markdown(result)
         md_path.write_text(text)
