@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rich.markup import escape
+
 from kvtier.demo.calibrate import Calibration, obtain_calibration
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
                                 console, ratio, red, write_json)
@@ -180,7 +182,7 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
                           client=ClientOptions(extra_body=(("max_tokens", size.max_tokens),)))
     kw = {"start_server": start_server} if start_server is not None else {}
     result = run_compare(wl_path, specs, out, ropts, title="kvtier demo: AI-companion chat",
-                         on_event=lambda m: console.print(f"[dim]{m}[/]"), **kw)
+                         on_event=lambda m: console.print(f"[dim]{escape(m)}[/]"), **kw)
     same = same_requests({r.name: r.records for r in result.runs}, {r.name: r.summary for r in result.runs},
                          planned=stats.requests)
     if not same.complete:
