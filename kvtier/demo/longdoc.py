@@ -74,54 +74,73 @@ def expected_hit_tokens(prompt: Sequence[int], earlier: Sequence[int], chunk: in
     return (min(n, len(prompt) - 1) // chunk) * chunk
 
 
-def check_hit(col: Column, doc: str, rec: Any, expected: int, tiers: dict[str, float]) -> None:
-    """Fail loudly unless this column's tokens came from where it says (see ``Column``)."""
+def check_hit(col: Column, doc: str, rec: Any, expected: int, admitted: dict[str, float],
+              read_chunks: dict[str, float], chunk: int = DEMO_CHUNK_TOKENS) -> None:
+    """Fail loudly unless this column's tokens came from where it says (see ``Column``).
+
+    ``admitted``: tokens the connector admitted as hits for this request (scheduler counter, any
+    label); ``read_chunks``: chunks the worker's store read, by tier; ``rec.cached_tokens``: what
+    vLLM itself says it did not compute (its own prefix cache is off, so all of it is kvtier's)."""
     where = f"{doc} {col.title}"
-    kv_total = sum(tiers.values())
+    total = sum(admitted.values())
     if col.tier is None:
-        if rec.cached_tokens or kv_total:
-            raise DemoError(f"{where}: expected a recompute, but {rec.cached_tokens} cached tokens / "
-                            f"{kv_total:.0f} kvtier hit tokens were reported")
+        if rec.cached_tokens or total or any(read_chunks.values()):
+            raise DemoError(f"{where}: expected a recompute, but the server reported {rec.cached_tokens} cached "
+                            f"tokens and kvtier admitted {total:.0f} / read {dict(read_chunks)}")
         return
     if rec.cached_tokens is None:
         raise DemoError(f"{where}: the server reported no cached_tokens (needs --enable-prompt-tokens-details)")
-    got = tiers.get(col.tier, 0.0)
-    if rec.cached_tokens < expected or got < expected or kv_total != rec.cached_tokens:
+    from_tier = read_chunks.get(col.tier, 0.0) * chunk
+    if rec.cached_tokens < expected or total != rec.cached_tokens or from_tier < expected:
         raise DemoError(f"{where}: expected {expected} tokens from kvtier's {col.tier} tier; the server reported "
-                        f"{rec.cached_tokens} cached tokens, kvtier counted {dict(tiers)}")
+                        f"{rec.cached_tokens} cached tokens, kvtier admitted {total:.0f} and read chunks "
+                        f"{dict(read_chunks)} ({chunk} tokens each)")
 
 
 HIT_TOKENS = "kvtier_connector_hit_tokens_total"
 
 
-def kvtier_hit_tokens(metrics_url: str) -> dict[str, float]:
-    """kvtier's own count of tokens admitted as hits, by tier (the scheduler's metrics endpoint)."""
+STORE_HITS = "kvtier_store_hits_total"
+
+
+def _scrape(url: str, name: str) -> dict[str, float]:
+    """``name{tier=...}`` samples of a kvtier metrics endpoint, by tier."""
     import httpx
 
     from kvtier.bench.server_metrics import parse_metrics
 
     try:
-        r = httpx.get(metrics_url, timeout=10.0)
+        r = httpx.get(url, timeout=10.0)
         r.raise_for_status()
     except httpx.HTTPError as e:
-        raise DemoError(f"cannot read kvtier's metrics at {metrics_url}: {type(e).__name__}: {e}") from None
-    prefix = HIT_TOKENS + "{tier="
+        raise DemoError(f"cannot read kvtier's metrics at {url}: {type(e).__name__}: {e}") from None
+    prefix = name + "{tier="
     return {k[len(prefix):-1]: v for k, v in parse_metrics(r.text).samples.items() if k.startswith(prefix)}
 
 
-def _one(url: str, conv, metrics_url: str) -> tuple[Any, dict[str, float]]:
-    """Send one single-turn conversation; (RequestRecord, kvtier hit tokens by tier for it)."""
+def _counters(port: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(tokens admitted as hits by the scheduler, chunks read by the worker's store), by label/tier."""
+    return (_scrape(f"http://127.0.0.1:{port}/metrics", HIT_TOKENS),
+            _scrape(f"http://127.0.0.1:{port + 1}/metrics", STORE_HITS))
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+
+
+def _one(url: str, conv, port: int) -> tuple[Any, dict[str, float], dict[str, float]]:
+    """Send one single-turn conversation: (record, tokens admitted by label, chunks read by tier)."""
     from kvtier.bench.client import ClientOptions
     from kvtier.bench.replay import ReplayOptions, replay_conversations
 
     opts = ReplayOptions(mode="closed", concurrency=1, progress=False, client=ClientOptions(
         extra_body=(("max_tokens", 1),)))
-    before = kvtier_hit_tokens(metrics_url)
+    adm0, read0 = _counters(port)
     rec = asyncio.run(replay_conversations([conv], url, opts)).records[0]
     if rec.error_kind:
         raise DemoError(f"request {conv.id} failed: {rec.error_kind}: {rec.error}")
-    after = kvtier_hit_tokens(metrics_url)
-    return rec, {t: v - before.get(t, 0.0) for t, v in after.items() if v - before.get(t, 0.0)}
+    adm1, read1 = _counters(port)
+    return rec, _delta(adm1, adm0), _delta(read1, read0)
 
 
 def _warm_up(url: str) -> None:
@@ -188,13 +207,14 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
                 _warm_up(s.base_url)
                 for row, qs in zip(rows, by_doc.values()):
                     for i, col in cols:
-                        rec, tiers = _one(s.base_url, qs[i], f"http://127.0.0.1:{port}/metrics")
+                        rec, admitted, read = _one(s.base_url, qs[i], port)
                         expected = 0 if col.tier is None else expected_hit_tokens(prompts[qs[i].id],
                                                                                   prompts[qs[0].id])
-                        check_hit(col, row["doc"], rec, expected, tiers)
+                        check_hit(col, row["doc"], rec, expected, admitted, read)
                         row.update({"prompt_tokens": rec.prompt_tokens, f"{col.key}_s": rec.ttft_s,
                                     f"{col.key}_cached_tokens": rec.cached_tokens,
-                                    f"{col.key}_expected_tokens": expected, f"{col.key}_kvtier_tokens": tiers})
+                                    f"{col.key}_expected_tokens": expected, f"{col.key}_admitted": admitted,
+                                    f"{col.key}_read_chunks": read})
                         console.print(f"[dim]{row['doc']}: {col.title} {rec.ttft_s:.3f} s "
                                       f"({rec.cached_tokens or 0} tokens from kvtier {col.tier or ''})[/]")
     except ServerError as e:

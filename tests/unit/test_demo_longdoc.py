@@ -30,18 +30,20 @@ def _rec(cached):
 
 
 def test_a_hit_that_loaded_what_it_names_passes():
-    check_hit(COLUMNS[2], "d000", _rec(896), 896, {"disk": 896.0})
-    check_hit(COLUMNS[0], "d000", _rec(0), 0, {})
+    check_hit(COLUMNS[2], "d000", _rec(896), 896, {"disk": 896.0}, {"disk": 7.0})
+    check_hit(COLUMNS[1], "d000", _rec(896), 896, {"worker": 896.0}, {"memory": 7.0})
+    check_hit(COLUMNS[0], "d000", _rec(0), 0, {}, {})
 
 
-@pytest.mark.parametrize("col,cached,tiers,msg", [
-    (COLUMNS[2], 896, {"memory": 896.0}, "disk tier"),         # came from RAM, labelled SSD
-    (COLUMNS[2], 0, {}, "disk tier"),                           # nothing loaded
-    (COLUMNS[1], 512, {"memory": 512.0}, "memory tier"),        # too few tokens
-    (COLUMNS[1], 896, {"memory": 384.0}, "memory tier"),        # server says more than kvtier counted
-    (COLUMNS[1], None, {"memory": 896.0}, "no cached_tokens"),
-    (COLUMNS[0], 128, {"memory": 128.0}, "expected a recompute"),
+@pytest.mark.parametrize("col,cached,admitted,read,msg", [
+    (COLUMNS[2], 896, {"disk": 896.0}, {"memory": 7.0}, "disk tier"),       # read from RAM, labelled SSD
+    (COLUMNS[2], 0, {}, {}, "disk tier"),                                   # nothing loaded
+    (COLUMNS[1], 512, {"memory": 512.0}, {"memory": 4.0}, "memory tier"),   # too few tokens
+    (COLUMNS[1], 896, {"memory": 384.0}, {"memory": 7.0}, "memory tier"),   # server says more than kvtier admitted
+    (COLUMNS[1], None, {"memory": 896.0}, {"memory": 7.0}, "no cached_tokens"),
+    (COLUMNS[0], 128, {"memory": 128.0}, {"memory": 1.0}, "expected a recompute"),
+    (COLUMNS[0], 0, {}, {"disk": 1.0}, "expected a recompute"),
 ])
-def test_a_hit_column_that_did_not_load_what_it_names_fails_loudly(col, cached, tiers, msg):
+def test_a_hit_column_that_did_not_load_what_it_names_fails_loudly(col, cached, admitted, read, msg):
     with pytest.raises(DemoError, match=msg):
-        check_hit(col, "d000", _rec(cached), 0 if col.tier is None else 896, tiers)
+        check_hit(col, "d000", _rec(cached), 0 if col.tier is None else 896, admitted, read)
