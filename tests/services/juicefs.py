@@ -57,6 +57,29 @@ def _is_mounted(path: Path) -> bool:
         return os.path.ismount(path)
 
 
+def _children(pid: int) -> list[int]:
+    """Direct children of ``pid`` (from /proc)."""
+    kids = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            kids.append(int(d))
+    return kids
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 @dataclass
 class Mount:
     """One client ("machine") of the volume."""
@@ -71,10 +94,14 @@ class Mount:
         return self.proc.pid
 
     def pause(self) -> None:
-        signal_proc(self.proc, signal.SIGSTOP)
+        """SIGSTOP the client: ``juicefs mount`` is a supervisor whose CHILD serves FUSE, so both
+        (stopping only the supervisor leaves the mount answering)."""
+        for pid in [*_children(self.proc.pid), self.proc.pid]:
+            _signal_pid(pid, signal.SIGSTOP)
 
     def resume(self) -> None:
-        signal_proc(self.proc, signal.SIGCONT)
+        for pid in [self.proc.pid, *_children(self.proc.pid)]:
+            _signal_pid(pid, signal.SIGCONT)
 
     def mounted(self) -> bool:
         return _is_mounted(self.path)
