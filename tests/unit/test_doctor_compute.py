@@ -134,6 +134,8 @@ def test_generate_passes_the_resolved_dtype(monkeypatch, tmp_path):
     monkeypatch.setattr(kvtier.engine, "offline_chat", fake_chat)
     monkeypatch.setattr(kvtier.runtime, "apply_vllm_env", lambda *a, **k: None)
     monkeypatch.delenv("KVTIER_DTYPE", raising=False)
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
     _register_all()
     r = CliRunner().invoke(app, ["generate", "capital?", "--model", str(tmp_path), "--dtype", "float16"])
     assert r.exit_code == 0, r.output
