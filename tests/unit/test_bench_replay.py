@@ -152,7 +152,8 @@ def test_server_dying_mid_run_stops_the_run_and_keeps_partial_results(tmp_path):
     res = run_replay(wl, srv.url, opts(concurrency=2), tmp_path / "out")
     assert res.stopped_reason.startswith("stopped: cannot connect")
     recs = read_records(res.records_path)
-    assert sum(r.ok for r in recs) > 0 and recs[-1].error_kind in ("connect", "disconnect")
+    # records land in completion order: under load an ok request may finish after the failed one
+    assert sum(r.ok for r in recs) > 0 and any(r.error_kind in ("connect", "disconnect") for r in recs)
     assert json.loads(res.summary_path.read_text())["requests_ok"] == sum(r.ok for r in recs)
 
 
