@@ -175,9 +175,39 @@ class MooncakeConfig(SharedTierBase):
 
     kind: Literal["mooncake"] = "mooncake"
     master: str = Field(default="127.0.0.1:50051", description="mooncake_master address host:port")
+    metadata_server: str = Field(default="http://127.0.0.1:8080/metadata", description="transfer-engine "
+                                 "metadata service: the master's built-in HTTP one, etcd://..., or P2PHANDSHAKE")
+    protocol: Literal["tcp", "rdma"] = Field(default="tcp", description="transfer protocol")
+    rdma_devices: str = Field(default="", description="RDMA device names (protocol rdma), comma separated")
+    local_hostname: str = Field(default="127.0.0.1", description="this client's address as other clients "
+                                "reach it (set to the machine's IP on a real cluster)")
+    segment_bytes: ByteSize = Field(default=0, description="memory this client lends to the pool; 0: store "
+                                    "into other clients' segments (a standalone pool owner), because objects "
+                                    "in a client's own segment vanish when it exits")
+    local_buffer_bytes: ByteSize = Field(default=16 * 2**20, description="the client's transfer staging buffer")
+    replicas: int = Field(default=1, ge=1, le=8, description="replicas per chunk")
+    key_prefix: str = Field(default="kvtier", min_length=1, description="prefix of every object key")
 
 
 SharedTierConfig = Annotated[SharedFsConfig | ValkeyConfig | MooncakeConfig, Field(discriminator="kind")]
+
+
+class FaultyConfig(_Section):
+    """A drill: wrap one tier with injected faults (kvtier.tiers.faulty.FaultyTier). Never for production."""
+
+    kind: Literal["faulty"] = "faulty"
+    wraps: Literal["memory", "disk", "shared"] = Field(default="disk", description="the tier that gets the faults")
+    latency_ms: float = Field(default=0.0, ge=0, description="added to every batched call (a read or lookup "
+                              "slower than its deadline answers 'unavailable')")
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of calls that fail (unavailable "
+                              "lookups, failed reads and writes)")
+    corrupt_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of chunk reads whose bytes are "
+                                "flipped before verification (must become a miss, never wrong data)")
+    stall_after: int | None = Field(default=None, ge=0, description="after this many calls every call stalls "
+                                    "for stall_s (a hung backend); none: never")
+    stall_s: float = Field(default=30.0, ge=0, description="how long a stalled call blocks (bounded by the "
+                           "call's deadline where it has one)")
+    seed: int = Field(default=0, description="seed of the fault schedule (same seed, same faults)")
 
 
 class StoreConfig(_Section):
@@ -189,6 +219,8 @@ class StoreConfig(_Section):
     disk: DiskTierConfig = DiskTierConfig()
     shared: SharedTierConfig | None = Field(default=None, description="the third tier, read and written by many "
                                            "machines: {kind: sharedfs|valkey|mooncake, ...}; none by default")
+    faults: FaultyConfig | None = Field(default=None, description="fault drill: wrap store.faults.wraps with "
+                                        "injected latency, errors, corruption and stalls; none by default")
     deployment: str = Field(default="", max_length=128, description="deployment-wide namespace prefix: deployments "
                             "sharing one backend with different values never read each other's chunks")
     signing_key: SecretStr | None = Field(default=None, description="deployment secret (>= 16 bytes): every chunk "

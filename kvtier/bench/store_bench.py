@@ -663,6 +663,11 @@ def to_markdown(r: dict) -> str:
             lines.append(f"* {k}: {val}, target {'≥' if 'ratio_median' in t else '≤'} {t['target']}: "
                          f"{'met' if t['met'] else 'MISSED'}")
         lines.append("")
+    if "sharedfs" in r:
+        from kvtier.bench.store_bench_sharedfs import markdown_rows
+        lines += markdown_rows(r["sharedfs"])
     if "duration_s" in r:
         lines += [f"Bench duration: {r['duration_s']} s.", ""]
+    from kvtier.bench.store_bench_shared import shared_markdown  # rows of --shared (services helper)
+    lines += shared_markdown(r)
     return "\n".join(lines)

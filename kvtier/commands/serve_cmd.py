@@ -19,7 +19,7 @@ from rich.console import Console
 
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def build_argv(model: str, kvtier_config: dict, port: int, host: str, passthrough: list[str],
@@ -72,7 +72,18 @@ def serve(
         err.print(f"[red]{e}[/]")
         raise typer.Exit(2)
     if cfg.store.disk.enabled and cfg.store.disk.path is not None:
-        Path(cfg.store.disk.path).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(cfg.store.disk.path).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            err.print(f"[red]error: cannot create store.disk.path {cfg.store.disk.path}: {e.strerror}[/]",
+                      highlight=False)
+            raise typer.Exit(2)
+    if model is not None and not dry_run:   # --dry-run only prints the command
+        from kvtier.model import model_folder_problem
+        problem = model_folder_problem(model)
+        if problem:
+            err.print(f"[red]error: {problem}[/]", highlight=False)
+            raise typer.Exit(2)
     passthrough = list(ctx.args)
     if "--dtype" in passthrough[:-1]:   # `-- --dtype X` (the older spelling) is the same request as --dtype X
         i = passthrough.index("--dtype")

@@ -158,5 +158,147 @@ def simulate(
     typer.echo(f"hit rate by tier: {tiers or 'none'}")
 
 
+def plan(
+    workload: Path = typer.Argument(..., help="Workload JSONL file, or a raw Mooncake trace (hash_ids)."),
+    profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="Profile YAML or preset name."),
+    target: float = typer.Option(0.9, "--target", help="Fraction of the ideal hit rate to reach (0-1]."),
+    target_ttft: Optional[float] = typer.Option(None, "--target-ttft", help="Mean TTFT (s) to meet instead."),
+    shared_tier: bool = typer.Option(False, "--shared-tier", help="Size a shared tier instead of a local SSD."),
+    ram_price: float = typer.Option(4.0, "--ram-price", help="Relative cost per GiB of RAM."),
+    ssd_price: float = typer.Option(0.1, "--ssd-price", help="Relative cost per GiB of SSD."),
+    shared_price: float = typer.Option(0.05, "--shared-price", help="Relative cost per GiB of shared storage."),
+    sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="SHARDS sampling rate (default: "
+                                                "exact up to 2M chunk accesses)."),
+    gpu_kv_tokens: Optional[int] = typer.Option(None, "--gpu-kv-tokens", min=0),
+    chunk_size: Optional[int] = typer.Option(None, "--chunk-size", min=1),
+    mode: str = typer.Option("closed", "--mode"),
+    concurrency: int = typer.Option(4, "--concurrency", "-c"),
+    rate: Optional[float] = typer.Option(None, "--rate"),
+    time_scale: float = typer.Option(1.0, "--time-scale"),
+    think_time_scale: float = typer.Option(1.0, "--think-time-scale"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens"),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests"),
+    tokenizer: Optional[str] = typer.Option(None, "--tokenizer"),
+    mooncake_block: int = typer.Option(512, "--mooncake-block"),
+    mooncake_scale: int = typer.Option(1, "--mooncake-scale"),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write plan.json and mrc.png here."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write the plan as JSON here ('-': stdout)."),
+) -> None:
+    """How much RAM / SSD / shared storage, and what it buys: miss-ratio curve + simulated TTFT."""
+    from kvtier.sim.load import LoadSpec
+    from kvtier.sim.planner import Prices, fmt_bytes, make_plan, plot_curve
+    from kvtier.sim.run import write_json
+
+    with _clean_errors():
+        if mode not in MODES:
+            raise ValueError(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if not 0 < target <= 1:
+            raise ValueError(f"--target must be in (0, 1], got {target}")
+        if sample_rate is not None and not 0 < sample_rate <= 1:
+            raise ValueError(f"--sample-rate must be in (0, 1], got {sample_rate}")
+        if min(ram_price, ssd_price, shared_price) < 0:
+            raise ValueError("prices must be >= 0")
+        load = LoadSpec(mode=mode, concurrency=concurrency, rate=rate, think_time_scale=think_time_scale,
+                        time_scale=time_scale, max_tokens=max_tokens, max_requests=max_requests)
+        load.validate()
+        prof = build_profile(profile, ram=None, ssd=None, shared=None, gpu_kv_tokens=gpu_kv_tokens,
+                             chunk_size=chunk_size, eviction=None, kv_bytes_per_token=None, vanilla=False)
+        trace = load_sim_trace(workload, prof, tokenizer, mooncake_block, mooncake_scale, max_requests)
+        p = make_plan(trace, prof, load, target=target, target_ttft_s=target_ttft,
+                      prices=Prices(ram_price, ssd_price, shared_price), sample_rate=sample_rate,
+                      with_shared=shared_tier)
+        d = p.to_dict()
+        if out is not None:
+            write_json(out / "plan.json", d)
+            plot_curve(p, out / "mrc.png", prof.engine.kv_cache_tokens * prof.kv_bytes_per_token)
+        if json_out is not None:
+            if str(json_out) == "-":
+                sys.stdout.write(json.dumps(d, indent=2, default=float) + "\n")
+                return
+            write_json(json_out, d)
+    from rich.console import Console
+    from rich.table import Table
+    con = Console()
+    def f3(v) -> str:
+        return "–" if v is None else f"{v:.3f}"
+
+    def pc(v) -> str:
+        return "–" if v is None else f"{v:.1%}"
+    con.print(f"ideal hit rate {p.ideal_hit_rate:.1%} (sample rate {p.sample_rate:g}); "
+              f"{target:.0%} of it needs {fmt_bytes(p.knee_bytes)} of cache; vLLM alone: mean TTFT "
+              f"{f3(p.baseline['ttft_mean_s'])} s, hit rate {pc(p.baseline['token_hit_rate'])}")
+    t = Table(title="what each size buys (one LRU tier, from the curve)")
+    t.add_column("capacity")
+    t.add_column("token hit rate")
+    for frac in (0.125, 0.25, 0.5, 1.0, 2.0):
+        if p.knee_bytes:
+            cap = p.knee_bytes * frac
+            hr = max((c["token_hit_rate"] for c in p.curve if c["capacity_bytes"] <= cap), default=0.0)
+            t.add_row(fmt_bytes(cap), f"{hr:.1%}")
+    con.print(t)
+    t = Table(title="simulated candidates, cheapest first")
+    for col in ("RAM", "SSD", "shared", "cost", "hit rate (curve)", "hit rate (sim)", "TTFT mean", "speedup",
+                "meets"):
+        t.add_column(col)
+    base = p.baseline["ttft_mean_s"] or 0.0
+    for c in p.candidates:
+        t.add_row(fmt_bytes(c.ram_bytes), fmt_bytes(c.ssd_bytes), fmt_bytes(c.shared_bytes), f"{c.cost:.3g}",
+                  pc(c.predicted_hit_rate), pc(c.token_hit_rate), f3(c.ttft_mean_s),
+                  f"{base / c.ttft_mean_s:.2f}x" if c.ttft_mean_s else "–", "yes" if c.meets else "no")
+    con.print(t)
+    if p.best is None:
+        con.print("no simulated candidate met the target")
+
+
+def calibrate(
+    url: str = typer.Option(..., "--url", help="Server root of a running OpenAI-compatible vLLM server."),
+    out: Path = typer.Option(..., "--out", "-o", help="Profile YAML to write (atomically)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: first of /v1/models)."),
+    lengths: str = typer.Option("128,512,1024,2048", "--lengths", help="Prompt lengths to probe (tokens)."),
+    suffix: int = typer.Option(64, "--suffix", help="New tokens after a cached prefix."),
+    repeats: int = typer.Option(2, "--repeats"),
+    batch: int = typer.Option(4, "--batch", help="Concurrent requests for the batched decode probe."),
+    decode_tokens: int = typer.Option(16, "--decode-tokens"),
+    block_size: int = typer.Option(16, "--block-size", min=1, help="The server's KV block size."),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", min=1,
+                                               help="The server's token budget per step."),
+    kv_cache_tokens: int = typer.Option(100_000, "--kv-cache-tokens", min=0, help="The server's KV cache (tokens)."),
+    kv_bytes_per_token: int = typer.Option(131072, "--kv-bytes-per-token", min=1),
+    disk_path: Optional[Path] = typer.Option(None, "--disk-path", help="Measure SSD bandwidth in this directory."),
+    probe_mib: int = typer.Option(256, "--probe-mib", min=1, help="Size of the RAM / SSD bandwidth probes."),
+    timeout: float = typer.Option(300.0, "--timeout", help="Deadline of one probe request (s)."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Also write the raw measurements as JSON."),
+) -> None:
+    """Measure a running vLLM server and the local tiers; write a profile for `kvtier simulate`."""
+    from dataclasses import asdict
+
+    from kvtier.sim.calibrate import CalibrateError, CalibrateOptions, calibrate as run_cal
+    from kvtier.sim.profile import save_profile
+    from kvtier.sim.run import write_json
+
+    with _clean_errors():
+        try:
+            lens = tuple(int(x) for x in lengths.split(",") if x.strip())
+        except ValueError:
+            raise ValueError(f"--lengths must be comma-separated integers, got {lengths!r}") from None
+        opts = CalibrateOptions(url=url, model=model, lengths=lens, suffix=suffix, repeats=repeats, batch=batch,
+                                decode_tokens=decode_tokens, block_size=block_size,
+                                max_num_batched_tokens=max_num_batched_tokens, kv_cache_tokens=kv_cache_tokens,
+                                kv_bytes_per_token=kv_bytes_per_token, timeout_s=timeout, disk_path=disk_path,
+                                probe_bytes=probe_mib * 2**20)
+        try:
+            prof, meas, fit = run_cal(opts)
+        except CalibrateError as e:
+            _fail(str(e).splitlines()[0])
+        save_profile(prof, out)
+        if json_out is not None:
+            write_json(json_out, {"measurements": asdict(meas), "fit": asdict(fit)})
+    typer.echo(f"profile written: {out} (prefill fit error {fit.prefill_rel_error:.1%}; step overhead "
+               f"{fit.step_overhead_s * 1e3:.2f} ms, {fit.prefill_token_s * 1e6:.2f} us/token, decode "
+               f"{fit.decode_seq_s * 1e3:.3f} ms/sequence)")
+
+
 def register(app: typer.Typer) -> None:
     app.command("simulate")(simulate)
+    app.command("plan")(plan)
+    app.command("calibrate")(calibrate)

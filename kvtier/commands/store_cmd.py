@@ -48,7 +48,20 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
                                            "pass back to back (alternating order); figures are medians"),
                 json_path: Path = typer.Option(None, "--json", help="write the results as JSON here"),
                 md_path: Path = typer.Option(None, "--md", help="write a Markdown report here (default with "
-                                             "--json: the same path with .md)")) -> None:
+                                             "--json: the same path with .md)"),
+                shared: str = typer.Option("", "--shared", help="also measure shared tiers vs their own client: "
+                                           "comma list of valkey,mooncake"),
+                shared_only: bool = typer.Option(False, "--shared-only", help="measure only the --shared backends "
+                                                 "(and --sharedfs)"),
+                valkey_url: str = typer.Option("", "--valkey", help="Valkey URL for --shared (default: start a "
+                                               "local throwaway server)"),
+                mooncake_ep: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared "
+                                                "(default: start a local master + pool owner)"),
+                sharedfs: Path = typer.Option(None, "--sharedfs", help="also measure the shared-filesystem tier "
+                                              "vs raw I/O in this directory on a shared mount"),
+                sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="the same directory through a "
+                                                   "second mount (reads come from there: 'the other machine')"))\
+        -> None:
     """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O (median of rounds)."""
     import time
 
@@ -59,7 +72,38 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--volume") from None
     path = directory or kvtier_home() / "bench-store"
-    result = run(path, vol, quick, log=typer.echo, repeat=repeat)
+    for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
+        if p is not None and not p.is_dir():
+            raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
+    backends = [b.strip() for b in shared.split(",") if b.strip()]
+    if shared_only and not backends and sharedfs is None:
+        raise typer.BadParameter("--shared-only needs --shared valkey,mooncake or --sharedfs DIR",
+                                 param_hint="--shared-only")
+    if shared_only:
+        from kvtier.bench.store_bench import machine
+        path.mkdir(parents=True, exist_ok=True)
+        result = {"machine": machine(path), "repeat": repeat}
+    else:
+        result = run(path, vol, quick, log=typer.echo, repeat=repeat)
+    if backends:
+        from kvtier.bench.store_bench import MODELS, TOKENS
+        from kvtier.bench.store_bench_shared import run_shared
+        eps: dict = {}
+        if valkey_url:
+            eps["valkey"] = {"url": valkey_url}
+        if mooncake_ep:
+            master, _, meta = mooncake_ep.partition(",")
+            eps["mooncake"] = {"master": master, "metadata": meta or f"http://{master.split(':')[0]}:8080/metadata"}
+        flat = run_shared(backends, MODELS["default"] * TOKENS, min(vol, 256 * 2**20), min(repeat, 3),
+                          endpoints=eps, log=typer.echo)
+        result["shared"] = {k: v for k, v in flat.items() if isinstance(v, dict)}
+        result.update({k: v for k, v in flat.items() if not isinstance(v, dict)})
+    if sharedfs is not None:
+        from kvtier.bench.store_bench_sharedfs import bench_sharedfs
+        sf = bench_sharedfs(sharedfs, sharedfs_read, volume=min(vol, 256 * 2**20), repeat=min(repeat, 3),
+                            log=typer.echo)
+        result["sharedfs"] = sf
+        result.update({f"sharedfs.{k}": sf[k] for k in ("get_gbps", "put_gbps", "raw_get_gbps", "raw_put_gbps")})
     result["command"] = " ".join(shlex.quote(a) for a in ["kvtier", *sys.argv[1:]])
     result["cwd"] = os.getcwd()
     result["time"] = time.time()
@@ -71,7 +115,18 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
         md_path = json_path.with_suffix(".md")
     if md_path:
         md_path.parent.mkdir(parents=True, exist_ok=True)
-        md_path.write_text(to_markdown(result))
+        if shared_only:
+            from kvtier.bench.store_bench_shared import shared_markdown
+            m = result["machine"]
+            text = "\n".join([f"# kvtier shared-tier benchmark", "", f"Command: `{result['command']}`", "",
+                              f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}", *shared_markdown(result),
+                              ""])
+            if "sharedfs" in result:
+                from kvtier.bench.store_bench_sharedfs import markdown_rows
+                text += "\n" + "\n".join(markdown_rows(result["sharedfs"]))
+        else:
+            text = to_markdown(result)
+        md_path.write_text(text)
         typer.echo(f"wrote {md_path}")
 
 

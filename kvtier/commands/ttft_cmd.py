@@ -12,7 +12,7 @@ from rich.console import Console
 
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def ttft(

@@ -4,9 +4,9 @@ Modelled on vLLM v1's block pool: a fixed number of blocks; full blocks are cach
 their prefix hash; blocks of running requests are held (reference counted, shared between
 requests with a common prefix); a finished request's blocks go to the free queue in
 reverse order (its chain tail is evicted first); an allocation takes empty blocks first,
-then evicts the least recently freed cached blocks. A request's blocks become cached when
-its prefill completes (vLLM caches them chunk by chunk; a concurrent request may hit them
-one step earlier in vLLM). Not thread-safe; one engine.
+then evicts the least recently freed cached blocks. A request's full blocks become cached
+at the end of the step that computed (or loaded) them, so a request admitted one step later
+already hits them. Not thread-safe; one engine.
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ budget, ``max_num_seqs`` and KV blocks allow. Admission looks the prompt up in v
 prefix cache (``PrefixCacheModel``) and then in kvtier (``StoreModel``: chunks past vLLM's
 own hit, loaded synchronously inside that step, so the whole step waits for the load).
 A prompt is never fully cached: at least its last token is computed, and hits are cut to
-whole blocks below ``prompt - 1`` (vLLM's rule). A request's first token is produced at
+whole blocks below ``prompt - 1`` (vLLM's rule). Full blocks enter the prefix cache at the end of the step that computed them. A request's
+first token is produced at
 the end of the step that completes its prefill (TTFT), then one token per step (outputs
 of exactly ``max_tokens``, like the replay's ``ignore_eos``). KV blocks for prompt and
 output are reserved at admission. Between events (arrival, prefill, finish) runs of pure
@@ -50,7 +51,7 @@ class SimResult:
 
 class _Req:
     __slots__ = ("r", "send", "prompt", "out", "done", "remaining", "cached", "private", "units", "stored",
-                 "done_ctx")
+                 "done_ctx", "ncommit")
 
     def __init__(self, r: int, send: float, prompt: int, out: int) -> None:
         self.r, self.send, self.prompt, self.out = r, send, prompt, out
@@ -59,6 +60,7 @@ class _Req:
         self.units: list[int] = []
         self.stored = 0          # chunks kvtier held at admission (saving starts after them)
         self.done_ctx = 0
+        self.ncommit = 0         # units [0, ncommit) went through the prefix cache (hit or committed)
 
 
 class EngineSim:
@@ -163,8 +165,8 @@ class EngineSim:
                 t, _, r = heapq.heappop(arrivals)
                 send[r] = t
                 sent[r] = True
-                waiting.append(_Req(r, t, int(tr.prompt_tokens[r]), int(out_tokens[r])))
-                blocked = False
+                waiting.append(_Req(r, t, int(tr.prompt_tokens[r]), int(out_tokens[r])))   # (an arrival
+                # frees no KV block: a blocked queue head stays blocked until a request finishes)
             D = len(decode_heap)
             if not prefilling and not D and not waiting:
                 if not arrivals:
@@ -237,6 +239,7 @@ class EngineSim:
             still = []
             for q in prefilling:
                 if q.remaining > 0:
+                    self._commit(q, q.done // self.U)       # vLLM caches full blocks as each step computes them
                     still.append(q)
                     continue
                 r = q.r
@@ -294,6 +297,7 @@ class EngineSim:
         # units loaded from kvtier are this request's own blocks (cached at commit, like computed ones)
         self.cache.acquire(hit[:gpu_hit], total_units)
         q.cached = list(hit[:gpu_hit])
+        q.ncommit = gpu_hit
         q.private = total_units - gpu_hit
         q.units = units
         r = q.r
@@ -311,12 +315,16 @@ class EngineSim:
         q.remaining = q.prompt - q.done
         return load_t
 
+    def _commit(self, q: _Req, upto: int) -> None:
+        if upto > q.ncommit:
+            newly = self.cache.commit(q.units[q.ncommit:upto])
+            q.cached.extend(newly)
+            q.private -= len(newly)
+            q.ncommit = upto
+
     def _complete_prefill(self, q: _Req) -> None:
         units = q.units
-        gpu_hit = len(q.cached)
-        newly = self.cache.commit(units[gpu_hit:])
-        q.cached.extend(newly)
-        q.private -= len(newly)
+        self._commit(q, len(units))
         if self.store is not None and self.profile.save:
             cu = self.chunk_units
             self.store.save(units[cu - 1::cu], q.stored)     # never re-save what the store held

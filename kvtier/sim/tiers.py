@@ -96,12 +96,16 @@ class StoreModel:
 
     def save(self, keys: list[int], start: int) -> None:
         """Write-through of chunks ``keys[start:]`` (``keys`` = the prompt's whole chain)."""
+        n_tiers = range(len(self.tiers))
         for j in range(start, len(keys)):
             parent = keys[j - 1] if j else None
-            if parent is not None and not self.present(parent):
+            if j == start and parent is not None and not self.present(parent):
                 return                         # orphan put: refused, like TieredStore.put
-            for i in range(len(self.tiers)):
-                self._put(i, keys[j], parent)
+            stored = False
+            for i in n_tiers:
+                stored = self._put(i, keys[j], parent) or stored
+            if not stored:
+                return                         # the rest would be orphans
 
     def _put(self, i: int, key: int, parent: int | None) -> bool:
         tier = self.tiers[i]

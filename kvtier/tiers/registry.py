@@ -45,4 +45,14 @@ def open_tiers(config: StoreConfig, namespace: Namespace, telemetry: Telemetry) 
         tier = build(config, namespace, telemetry)
         if tier is not None:
             tiers[name] = tier
-    return tiers
+    return wrap_faults(config, namespace, telemetry, tiers)
+
+
+def wrap_faults(config: StoreConfig, namespace: Namespace, telemetry: Telemetry,
+                tiers: dict[str, Tier]) -> dict[str, Tier]:
+    """``store.faults`` (a drill): wrap the named tier in ``kvtier.tiers.faulty.FaultyTier``."""
+    f = config.faults
+    if f is None or f.wraps not in tiers:
+        return tiers
+    from kvtier.tiers.faulty import FaultyTier   # lazy: only drills import it
+    return {**tiers, f.wraps: FaultyTier.wrap(tiers[f.wraps], f, namespace, telemetry)}

@@ -37,22 +37,62 @@ from kvtier.tiers.sharedfs_janitor import Janitor
 from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, BurstEvents, Layout, Stamps
 
 OK, READ_ONLY, DOWN = "ok", "read_only", "down"
+BAD_GRACE_S = 10.0      # a file failing verification is removed once renamed into place this long ago
 
 
 class _Batch:
-    """Results of one batched call, filled by pool jobs; ``abandoned`` once the caller returned."""
+    """One batched call: pool workers *pull* indices in order (head first) and fill results;
+    ``abandoned`` once the caller returned. ``prefix`` mode: complete as soon as the first
+    non-True value is known with everything before it True (a chain's gap); else when all are in."""
 
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, prefix: bool) -> None:
+        self.n = n
         self.values: list[object] = [None] * n
         self.filled = [False] * n
+        self.next = 0              # next index to hand out
+        self.scan = 0              # prefix mode: first index not known to be True
+        self.left = n
+        self.gap = n               # prefix mode: lowest index known not True
+        self.prefix = prefix
         self.copying = 0
         self.abandoned = False
+        self.complete = n == 0
         self.cond = threading.Condition()
+
+    def take(self) -> int | None:
+        with self.cond:
+            if self.abandoned or self.complete or self.next >= self.n or self.next > self.gap:
+                return None
+            i, self.next = self.next, self.next + 1
+            return i
+
+    def put_locked(self, i: int, value: object) -> None:
+        self.values[i], self.filled[i] = value, True
+        self.left -= 1
+        if self.prefix:
+            if value is not True:
+                self.gap = min(self.gap, i)
+            while self.scan < self.n and self.filled[self.scan] and self.values[self.scan] is True:
+                self.scan += 1
+            done = self.scan == self.n or (self.filled[self.scan] and self.values[self.scan] is not True)
+        else:
+            done = self.left == 0
+        if done:
+            self.complete = True
+            self.cond.notify_all()
 
     def put(self, i: int, value: object) -> None:
         with self.cond:
-            self.values[i], self.filled[i] = value, True
-            self.cond.notify_all()
+            self.put_locked(i, value)
+
+
+def _fan_out(pool: sio.DaemonPool, b: _Batch, fn) -> None:
+    """Start up to ``pool.size`` workers that run ``fn(i)`` for indices pulled from ``b``."""
+    def worker() -> None:
+        while (i := b.take()) is not None:
+            fn(i)
+    for _ in range(min(pool.size, b.n)):
+        pool.submit(worker)
 
 
 class SharedFsTier(Tier):
@@ -166,11 +206,12 @@ class SharedFsTier(Tier):
             self._used, self._files = int(data.get("used_bytes", 0)), int(data.get("files", 0))
 
     # -- batched calls -----------------------------------------------------------------------------
-    def _wait(self, b: _Batch, ready, deadline: Deadline) -> bool:
-        """Wait until ``ready()`` (under b.cond) or the deadline; then mark the batch abandoned
-        and wait out copies in progress. Returns whether ``ready()`` held."""
+    def _wait(self, b: _Batch, deadline: Deadline) -> bool:
+        """Wait until the batch is complete or the deadline; then mark it abandoned and wait out
+        copies in progress (memcpy, never I/O). Returns whether it completed."""
         with b.cond:
-            ok = b.cond.wait_for(ready, None if deadline.at == float("inf") else deadline.remaining())
+            ok = b.cond.wait_for(lambda: b.complete,
+                                 None if deadline.at == float("inf") else deadline.remaining())
             b.abandoned = True
             b.cond.wait_for(lambda: b.copying == 0)
         return ok
@@ -188,37 +229,21 @@ class SharedFsTier(Tier):
             return PrefixResult(0, Status.HIT)
         if self.state == DOWN or self._busy(self._stats, n):
             return PrefixResult(0, Status.UNAVAILABLE)
-        b = _Batch(n)
-        gap = [n]
+        b = _Batch(n, prefix=True)
 
-        def job(i: int, key: bytes) -> None:
-            if b.abandoned or i > gap[0]:
-                return b.put(i, False)
+        def job(i: int) -> None:
+            key = keys[i]
             try:
                 m = sio.stat_chunk(self.layout.path_of(key))
                 v: object = m is not None
                 if m is not None:
                     self.stamps.set(key, m)
             except OSError as e:
-                v = self._os_error(e, "stat")
-                v = None if v is Status.UNAVAILABLE else False
-            if v is not True:
-                with b.cond:
-                    gap[0] = min(gap[0], i)
+                v = None if self._os_error(e, "stat") is Status.UNAVAILABLE else False
             b.put(i, v)
 
-        for i, key in enumerate(keys):
-            self._stats.submit(lambda i=i, key=key: job(i, key))
-
-        def known() -> bool:
-            for i in range(n):
-                if not b.filled[i]:
-                    return False
-                if b.values[i] is not True:
-                    return True
-            return True
-
-        self._wait(b, known, deadline)
+        _fan_out(self._stats, b, job)
+        self._wait(b, deadline)
         found = 0
         for i in range(n):
             if not b.filled[i] or b.values[i] is not True:
@@ -243,13 +268,11 @@ class SharedFsTier(Tier):
         if self._busy(self._reads, n):
             return [ReadResult.unavailable("busy")] * n
         t0 = time.perf_counter()
-        b = _Batch(n)
+        b = _Batch(n, prefix=False)
         mtimes = [0] * n
 
         def job(i: int) -> None:
             key = keys[i]
-            if b.abandoned:
-                return b.put(i, ReadResult.unavailable("timeout"))
             try:
                 meta, payload, mtimes[i] = sio.read_chunk(self.layout.path_of(key), len(views[i]), self._ns, key)
             except (FileNotFoundError, NotADirectoryError):
@@ -257,7 +280,8 @@ class SharedFsTier(Tier):
                 self.events("missing", f"{key.hex()[:16]} vanished after lookup")
                 return b.put(i, ReadResult.miss("missing"))
             except ChunkError as e:
-                self.events(e.kind, f"{key.hex()[:16]}: {e}")
+                removed = self._remove_bad(key)
+                self.events(e.kind, f"{key.hex()[:16]}: {e}{' (removed)' if removed else ''}")
                 return b.put(i, ReadResult.miss(e.kind))
             except ValueError as e:
                 return b.put(i, e)
@@ -266,21 +290,19 @@ class SharedFsTier(Tier):
                 return b.put(i, ReadResult(st, None, "down" if st is Status.UNAVAILABLE else "io"))
             with b.cond:
                 if b.abandoned:
-                    b.values[i], b.filled[i] = ReadResult.unavailable("timeout"), True
-                    b.cond.notify_all()
-                    return
+                    return b.put_locked(i, ReadResult.unavailable("timeout"))
                 b.copying += 1
             try:
                 views[i][:meta.payload_len] = payload
             finally:
                 with b.cond:
                     b.copying -= 1
-                    b.values[i], b.filled[i] = ReadResult.hit(meta), True
-                    b.cond.notify_all()
+                    b.put_locked(i, ReadResult.hit(meta))
+                    if b.copying == 0:
+                        b.cond.notify_all()
 
-        for i in range(n):
-            self._reads.submit(lambda i=i: job(i))
-        if not self._wait(b, lambda: all(b.filled), deadline):
+        _fan_out(self._reads, b, job)
+        if not self._wait(b, deadline):
             self.events("timeout", f"read of {n} chunks not done in time")
         results: list[ReadResult] = []
         for i in range(n):
@@ -290,6 +312,21 @@ class SharedFsTier(Tier):
             results.append(v)  # type: ignore[arg-type]
         self._account(keys, results, mtimes, time.perf_counter() - t0)
         return results
+
+    def _remove_bad(self, key: bytes) -> bool:
+        """Unlink a chunk file that failed verification once it has been in place a while
+        (ctime: the rename) — a lookup would otherwise claim it again and again. A file renamed
+        in the last ``BAD_GRACE_S`` may be another machine's write in progress on a mount without
+        close-to-open: left alone."""
+        path = self.layout.path_of(key)
+        try:
+            if time.time() - os.stat(path).st_ctime < BAD_GRACE_S:
+                return False
+            os.unlink(path)
+        except OSError:
+            return False
+        self.stamps.drop(key)
+        return True
 
     def _account(self, keys: Sequence[ChunkKey], results: list[ReadResult], mtimes: list[int], dt: float) -> None:
         """Telemetry, stamps, and a background refresh of stale access stamps (head newest)."""
@@ -377,9 +414,7 @@ class SharedFsTier(Tier):
         t0 = time.perf_counter()
         final = self.layout.path_of(meta.key)
         tmp = f"{self.layout.tmp}/{meta.key.hex()}.{HOST}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}.tmp"
-        try:
-            if sio.stat_chunk(final) is not None:
-                return True                   # another machine wrote it: content-addressed, same bytes
+        try:      # no "already there?" stat first: a duplicate (a race) just replaces identical bytes
             sio.write_chunk(tmp, encode_header(self._ns, meta), payload, fsync=self.cfg.fsync, stamp_ns=stamp)
             try:
                 os.rename(tmp, final)

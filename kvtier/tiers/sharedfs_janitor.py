@@ -78,6 +78,8 @@ class Lease:
                 return True
             except FileExistsError:
                 return False
+            except OSError:                 # no hard links here (EPERM/ENOTSUP): O_EXCL create instead
+                return self._create_excl(path)
             finally:
                 os.unlink(tmp)
         now = self.clock()
@@ -95,6 +97,19 @@ class Lease:
         self.layout.write_json(path, self._record())     # expired (or unreadable): take over
         back = self.layout.read_json(path)
         return back is not None and back.get("holder") == self.holder
+
+    def _create_excl(self, path) -> bool:
+        """Exclusive create + write (a reader may briefly see it empty: a fresh unreadable lease,
+        which contenders wait on)."""
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, _dump(self._record()).encode())
+        finally:
+            os.close(fd)
+        return True
 
     def valid(self) -> bool:
         """Our lease has time left (checked between deletion batches)."""

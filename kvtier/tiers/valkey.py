@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Iterable, Sequence
 
-from kvtier.chunk import (HEADER_SIZE, ChunkError, ChunkMeta, checksum, decode, encode_header, file_size,
+from kvtier.chunk import (ChunkError, ChunkMeta, checksum, decode, encode_header, file_size,
                           pack_trailer)
 from kvtier.config import ValkeyConfig
 from kvtier.keys import ChunkKey, Namespace
@@ -53,15 +53,47 @@ DEFAULT_MAX_BULK = 512 * 2**20   # Valkey's default proto-max-bulk-len
 _USAGE_EVERY_S = 10.0
 
 
-def encode_blob(ns_digest: bytes, meta: ChunkMeta, payload: memoryview) -> memoryview:
-    """The chunk as one value, assembled with a single copy of the payload."""
+def set_pieces(ns_digest: bytes, rk: bytes, meta: ChunkMeta, payload: memoryview, px: int | None) -> list:
+    """A RESP ``SET rk <chunk> [PX ms]`` as socket pieces: the payload goes out of the caller's buffer
+    as is (no copy); header and trailer ride in small byte strings around it."""
     header = encode_header(ns_digest, meta)
-    plen = meta.payload_len
-    blob = bytearray(file_size(plen))
-    blob[:HEADER_SIZE] = header
-    blob[HEADER_SIZE:HEADER_SIZE + plen] = payload
-    blob[HEADER_SIZE + plen:] = pack_trailer(checksum(header, payload))
-    return memoryview(blob)
+    trailer = pack_trailer(checksum(header, payload))
+    n = 5 if px else 3
+    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(rk), rk, file_size(meta.payload_len))
+    tail = trailer + b"\r\n"
+    if px:
+        ms = str(px).encode()
+        tail += b"$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ms), ms)
+    return [head + bytes(header), payload, tail] if len(payload) else [head + bytes(header) + tail]
+
+
+def send_sets(client: Any, commands: list[list]) -> list[Any]:
+    """Send packed commands on one pooled connection and read one reply each (error replies are
+    returned, not raised). A transport error drops the connection (the next call reconnects)."""
+    pool = client.connection_pool
+    conn = pool.get_connection("SET")
+    try:
+        conn.send_packed_command([piece for cmd in commands for piece in cmd], check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except Exception as exc:
+                if not _is_reply_error(exc):
+                    raise
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _is_reply_error(exc: BaseException) -> bool:
+    import valkey
+
+    return isinstance(exc, valkey.ResponseError)
 
 
 class ValkeyTier(Tier):
@@ -270,23 +302,23 @@ class ValkeyTier(Tier):
                 for window in _windows(pos, [file_size(items[i].meta.payload_len) for i in pos]):
                     if failed:
                         break
-                    pipe = g.client.pipeline(transaction=False)
-                    for i in window:
-                        it = items[i]
-                        pipe.set(rk_of[i], encode_blob(self._ns, it.meta, it.payload), px=px)
-                        _release(items, released, i)
+                    cmds = [set_pieces(self._ns, rk_of[i], items[i].meta, as_byte_view(items[i].payload), px)
+                            for i in window]
                     try:
-                        answers = pipe.execute(raise_on_error=False)
+                        answers = send_sets(g.client, cmds)
                     except Exception as exc:
                         self._failed(exc, "write")
                         failed = True
                         continue
+                    finally:
+                        for i in window:
+                            _release(items, released, i)
                     self._bursts.ok()
                     for i, a in zip(window, answers):
                         if isinstance(a, Exception):
                             self._failed(a, "write")
                         else:
-                            ok[i] = bool(a)
+                            ok[i] = a in (True, b"OK", "OK")
             self._maybe_usage()
             return ok
         finally:

@@ -52,8 +52,10 @@ def test_split_secrets_moves_every_secret_to_the_environment():
 
 
 def test_kvtier_serve_never_puts_secrets_on_the_command_line(tmp_path):
-    from kvtier.cli import app
+    from kvtier.cli import _register_all, app
 
+    if not any(c.name == "serve" for c in app.registered_commands):
+        _register_all()
     cfg = tmp_path / "kvtier.yaml"
     cfg.write_text(f"store:\n  signing_key: {SECRET}\n")
     res = CliRunner().invoke(app, ["serve", "--config", str(cfg), "--model", str(tmp_path), "--dry-run"])

@@ -163,3 +163,15 @@ def test_background_janitor_keeps_budget_while_writers_write(tmp_path) -> None:
     finally:
         a.close()
         b.close()
+
+
+def test_lease_without_hard_links_uses_exclusive_create(tmp_path, monkeypatch) -> None:
+    layout = _layout(tmp_path)
+
+    def no_links(*_a):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", no_links)
+    a, b = Lease(layout, 10), Lease(layout, 10)
+    assert a.try_hold() and not b.try_hold()
+    assert layout.read_json(layout.lease)["holder"] == a.holder

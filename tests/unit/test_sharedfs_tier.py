@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.metrics import Telemetry
-from kvtier.tiers import sharedfs_io
+from kvtier.tiers import sharedfs, sharedfs_io
 from kvtier.tiers.protocol import Deadline, PrefixResult, Status, WriteItem
 
 from tests.unit.sharedfs_helpers import NS, P, bufs, chain, open_tier, write_all
@@ -123,7 +123,7 @@ def test_concurrent_writers_threads_and_processes_same_chunks(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "torn_tail", "flip", "empty"])
-def test_damaged_file_is_counted_miss(tier, damage) -> None:
+def test_damaged_file_is_counted_miss(tier, damage, monkeypatch) -> None:
     items = chain(2)
     assert all(write_all(tier, items))
     path = tier.layout.path_of(items[1][0].key)
@@ -147,6 +147,11 @@ def test_damaged_file_is_counted_miss(tier, damage) -> None:
     assert tier._tm.snapshot().get(f"events.{kind}", 0) == 1
     if damage == "empty":   # a zero-length file is not even a plausible chunk for the lookup
         assert tier.longest_prefix(keys, Deadline.after(5)).num_chunks == 1
+    assert os.path.exists(path)                   # just renamed into place: maybe a write landing
+    monkeypatch.setattr(sharedfs, "BAD_GRACE_S", 0.0)
+    assert tier.read_into(keys, bufs(items), Deadline.after(5))[1].status is Status.MISS
+    assert not os.path.exists(path)               # in place a while: removed, no longer claimed
+    assert tier.longest_prefix(keys, Deadline.after(5)).num_chunks == 1
 
 
 def test_deleted_between_lookup_and_read(tier) -> None:

@@ -82,3 +82,39 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle) -> None:
     assert r.exit_code == 2, r.output
     assert needle in r.output and "Traceback" not in r.output
     assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_plan_prints_curve_and_cheapest_candidate(tmp_path) -> None:
+    wl = make_wl(tmp_path, n=6)
+    r = runner.invoke(app, ["plan", str(wl), "--json", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"),
+                            "--gpu-kv-tokens", "2000", "-c", "2", "--chunk-size", "16"])
+    assert r.exit_code == 0, r.output
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert 0 < p["ideal_hit_rate"] < 1 and p["knee_bytes"] > 0 and p["curve"]
+    assert p["best"] is not None and p["best"]["meets"] and (tmp_path / "o" / "mrc.png").is_file()
+    r = runner.invoke(app, ["plan", str(wl), "--target", "1.5"])
+    assert r.exit_code == 2 and "--target" in r.output
+
+
+def test_calibrate_against_a_fake_server_writes_a_loadable_profile(tmp_path) -> None:
+    from kvtier.sim.profile import load_profile
+    from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
+    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.02, token_delay_s=0.004)) as srv:
+        r = runner.invoke(app, ["calibrate", "--url", srv.url, "--out", str(tmp_path / "p.yaml"),
+                                "--lengths", "64,256", "--repeats", "1", "--decode-tokens", "6",
+                                "--probe-mib", "8", "--disk-path", str(tmp_path / "disk"),
+                                "--json", str(tmp_path / "m.json")])
+    assert r.exit_code == 0, r.output
+    p = load_profile(tmp_path / "p.yaml")
+    m = json.loads((tmp_path / "m.json").read_text())["measurements"]
+    assert len(m["prefill"]) == 4 and len(m["decode"]) == 2
+    assert p.engine.step_overhead_s + p.engine.decode_seq_s == pytest.approx(0.004, abs=0.004)
+    assert p.ram.read_bw > 0 and p.ssd.read_bw > 0 and not list((tmp_path / "disk").iterdir())
+    assert "fake-model" in p.description
+
+
+def test_calibrate_unreachable_server_is_one_line(tmp_path) -> None:
+    from kvtier.server import free_port
+    r = runner.invoke(app, ["calibrate", "--url", f"http://127.0.0.1:{free_port()}", "--out",
+                            str(tmp_path / "p.yaml"), "--timeout", "5"])
+    assert r.exit_code == 2 and "cannot reach" in r.output and len(r.output.strip().splitlines()) == 1
