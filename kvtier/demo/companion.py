@@ -200,6 +200,8 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
     ram_s = (by_name["kvtier-ram"].get("summary") or {})
     figures = {
         "complete": same.complete, **same.to_dict(),
+        "compared": {r["name"]: {k: (r["summary"] or {}).get(k) for k in ("requests_ok", "ttft_mean_s", "ttft_p90_s",
+                                                                         "token_hit_rate")} for r in rows},
         "speedup_mean_ttft": ratio(van.get("ttft_mean_s"), ssd_s.get("ttft_mean_s")),
         "ram_only_speedup": ratio(van.get("ttft_mean_s"), ram_s.get("ttft_mean_s")),
         "token_hit_rate": ssd_s.get("token_hit_rate"),
