@@ -81,6 +81,9 @@ QUICK = CompanionDemoSize(conversations=12, turns_mean=6.0, turns_max=12, person
 def _spec(size: CompanionDemoSize):
     from kvtier.workload.companion import CompanionSpec
 
+    if size.turns_mean >= (1 + size.turns_max) / 2:   # the generator's rejection loop would never end
+        raise DemoError(f"turns mean {size.turns_mean} must be below (1 + turns max {size.turns_max}) / 2")
+
     spec = CompanionSpec(conversations=size.conversations, turns_mean=size.turns_mean,
                          turns_max=size.turns_max, personas=size.personas, system_tokens=size.system_tokens,
                          max_prompt_tokens=size.max_prompt_tokens, user_tokens=size.user_tokens,
