@@ -167,8 +167,8 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
     from kvtier.workload.tokens import load_tokenizer
 
     console.rule("[bold]kvtier demo: AI-companion multi-turn chat")
-    tokenizer = tokenizer or load_tokenizer(facts.path)
     cal = calibration or obtain_calibration(facts, out, opts.calibration, start_server)
+    tokenizer = tokenizer or load_tokenizer(facts.path)
     with console.status("sizing the workload to this machine"):
         sizing = choose_size(base, opts, cal, tokenizer)
     size = sizing.size
