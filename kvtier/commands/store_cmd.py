@@ -16,28 +16,63 @@ import typer
 
 
 def fsck(directory: Path = typer.Argument(..., help="disk tier directory (store.disk.path)"),
-         dry_run: bool = typer.Option(False, "--dry-run", help="report only; remove nothing"),
+         dry_run: bool = typer.Option(False, "--dry-run", help="report only; change nothing"),
+         quarantine: Path = typer.Option(None, "--quarantine", help="move bad files into this directory "
+                                         "instead of deleting them"),
+         config: Path = typer.Option(None, "--config", help="kvtier YAML config: its store.disk.capacity is "
+                                     "the budget usage is checked against (KVTIER_* env applies too)"),
          as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
-    """Verify every chunk file; remove corrupt chunks, orphans and dead writers' temp files."""
+    """Verify every chunk file, the ledger, the manifest and the budget; remove (or quarantine)
+    corrupt chunks, orphans and dead writers' temp files. Exit 0 = clean, 1 = problems found."""
+    from kvtier.config import ConfigError, load_config
     from kvtier.tiers.fsck import check
     if not directory.is_dir():
         typer.echo(f"error: not a directory: {directory}", err=True)
         raise typer.Exit(2)
-    report = check(directory, repair=not dry_run)
+    try:
+        capacity = load_config(config).store.disk.capacity
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if quarantine is not None and quarantine.resolve().is_relative_to(directory.resolve()):
+        typer.echo(f"error: --quarantine {quarantine} must be outside the cache directory {directory}", err=True)
+        raise typer.Exit(2)
+    try:
+        report = check(directory, repair=not dry_run, quarantine=quarantine, capacity=capacity)
+    except OSError as e:
+        typer.echo(f"error: cannot check {directory}: {e}", err=True)
+        raise typer.Exit(2)
     if as_json:
-        typer.echo(json.dumps({**report.__dict__, "clean": report.clean}, indent=1))
+        typer.echo(json.dumps(report.to_dict(), indent=1))
     else:
-        from rich.console import Console
-        c = Console()
-        c.print(f"{report.namespaces} namespace(s), {report.chunks} chunk file(s): {report.ok} ok "
-                f"({report.bytes_ok / 2**20:.1f} MiB), {len(report.bad)} bad, {len(report.orphans)} orphan(s), "
-                f"{len(report.temp_files)} stale temp file(s)")
-        for path, kind in report.bad.items():
-            c.print(f"  [red]{kind}[/red] {path}")
-        verb = "would remove" if dry_run else "removed"
-        c.print(f"{verb} {report.removed if not dry_run else len(report.bad) + len(report.orphans) + len(report.temp_files)}"
-                f" file(s); ledger fixed in {report.ledger_fixed} namespace(s)")
+        _print_fsck(report, dry_run, quarantine)
     raise typer.Exit(0 if report.clean else 1)
+
+
+def _print_fsck(report, dry_run: bool, quarantine: Path | None) -> None:
+    from rich.console import Console
+    c = Console(soft_wrap=True)
+    c.print(f"{report.namespaces} namespace(s), {report.chunks} chunk file(s): {report.ok} ok "
+            f"({report.bytes_ok / 2**20:.1f} MiB), {len(report.bad)} bad, {len(report.orphans)} orphan(s), "
+            f"{len(report.temp_files)} stale temp file(s), {len(report.stale_manifests)} stale manifest(s), "
+            f"{len(report.ledger_wrong)} wrong ledger(s)")
+    for u in report.usage:
+        budget = f" of {u.capacity / 2**20:.1f} MiB budget" if u.capacity is not None else ""
+        flag = " [red]OVER BUDGET[/red]" if u.over_budget else ""
+        c.print(f"  disk tier {u.namespace}: {u.bytes_on_disk / 2**20:.1f} MiB on disk{budget}, "
+                f"ledger {'missing' if u.ledger is None else f'{u.ledger / 2**20:.1f} MiB'}{flag}")
+    for path, kind in report.bad.items():
+        c.print(f"  [red]{kind}[/red] {path}")
+    for path, why in report.stale_manifests.items():
+        c.print(f"  [yellow]stale manifest[/yellow] {path}: {why}")
+    if dry_run:
+        c.print(f"would {'quarantine' if quarantine else 'remove'} "
+                f"{len(report.bad) + len(report.orphans) + len(report.temp_files)} file(s)")
+    else:
+        moved = f"quarantined {report.quarantined} file(s) in {quarantine}" if quarantine else \
+            f"removed {report.removed} file(s)"
+        c.print(f"{moved}; ledger fixed in {report.ledger_fixed} namespace(s), "
+                f"{report.manifests_rewritten} manifest(s) rewritten")
 
 
 def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on the disk to measure "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +12,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-import sys
 
 # Tables are wide: when output is not a terminal (CI logs, files), do not wrap at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -30,11 +29,31 @@ class DemoError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class DemoOptions:
+    """What the user asked for on the command line (``None``: the demo decides from the calibration)."""
+
+    quick: bool = False
+    users: int | None = None
+    conversations: int | None = None
+    target_s: float | None = None          # wall time to size for (default: the demo's own)
+    calibration: Path | None = None        # reuse this calibration JSON instead of measuring
+
+
+@dataclass(frozen=True)
 class ModelFacts:
+    """The bundled model as the demos run it: path, the dtype that runs and its KV bytes per token."""
+
     path: Path
     kv_bytes_per_token: int
     max_model_len: int
     dtype: str = "bfloat16"     # the compute (and KV) dtype the demo's servers run with
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Bytes of KV for ``tokens`` tokens in the dtype that runs (the demos size budgets in tokens)."""
+        return int(tokens) * self.kv_bytes_per_token
+
+    def kv_gib(self, tokens: int) -> float:
+        return self.kv_bytes(tokens) / 2**30
 
 
 def model_facts(path: Path, dtype: str) -> ModelFacts:
@@ -58,6 +77,11 @@ def check_free_disk(path: Path, need_bytes: int) -> None:
     if free < need_bytes:
         raise DemoError(f"disk full: {path} has {free / 2**30:.1f} GiB free, the demo needs "
                         f"{need_bytes / 2**30:.1f} GiB")
+
+
+def red(text: str) -> None:
+    """A warning the reader must not miss (partial comparisons, over-target sizes)."""
+    console.print(f"[bold red]{text}[/]")
 
 
 def fmt_s(v: float | None) -> str:
