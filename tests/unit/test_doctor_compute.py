@@ -119,6 +119,7 @@ def test_prefill_result_parsing_and_prompts():
 
 
 def test_generate_passes_the_resolved_dtype(monkeypatch, tmp_path):
+    import kvtier.compute
     import kvtier.engine
     import kvtier.runtime
     from typer.testing import CliRunner
@@ -133,6 +134,7 @@ def test_generate_passes_the_resolved_dtype(monkeypatch, tmp_path):
 
     monkeypatch.setattr(kvtier.engine, "offline_chat", fake_chat)
     monkeypatch.setattr(kvtier.runtime, "apply_vllm_env", lambda *a, **k: None)
+    monkeypatch.setattr(kvtier.compute, "_announced", set())     # said once per process: start fresh
     monkeypatch.delenv("KVTIER_DTYPE", raising=False)
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "model.safetensors").write_bytes(b"")
