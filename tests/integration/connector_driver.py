@@ -141,11 +141,15 @@ def _barrier(sync: Path, mine: str, theirs: str, timeout: float = 900.0) -> None
         time.sleep(0.2)
 
 
+RESCAN_S = 0.5   # store.disk.rescan_interval_s of these engines
+
+
 def _peer_exchange(ph: "Phases", P: dict, disk: Path, sync: Path, me: str, other: str) -> None:
     """Two engines live at once on one SSD directory: compute mine, load the other's."""
     ph.run("peer_own", P[f"peer_{me}"])                  # a miss: computed here, saved to the shared SSD
     _flush_store(disk)
     _barrier(sync, f"{me}.written", f"{other}.written")
+    time.sleep(2 * RESCAN_S)    # lookups are index-only: the other engine's chunks arrive by the background rescan
     ph.run("peer_hit", P[f"peer_{other}"])               # never seen by this engine: KV the other one wrote
     _barrier(sync, f"{me}.read", f"{other}.read")        # both engines stay alive until both have read
 
@@ -173,7 +177,8 @@ def main() -> int:
     log_path = Path(args.log) if args.log else None
     if args.role != "reference":
         cfg = {"store": {"chunk_size": CHUNK, "memory": {"capacity": "1GiB"},
-                         "disk": {"enabled": True, "path": args.disk, "capacity": "8GiB"}},
+                         "disk": {"enabled": True, "path": args.disk, "capacity": "8GiB",
+                                  "rescan_interval_s": RESCAN_S}},
                "connector": {"request_log": str(log_path)}}
         kvt = kv_transfer_config(cfg)
     llm = make_llm(args.model, dtype="float32", max_model_len=MAX_MODEL_LEN, kv_transfer_config=kvt,
