@@ -239,24 +239,35 @@ class SchedulerSide:
 
     def build_meta(self, scheduler_output: Any) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata()
-        for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
+        scheduled = scheduler_output.num_scheduled_tokens
+        # asynchronous loads: vLLM does not schedule the request (it waits for its KV) this step
+        for req_id in [r for r, st in self._reqs.items() if st.pending_async and st.pending_load and r not in scheduled]:
+            self._emit_load(meta, req_id, self._reqs[req_id])
+        for req_id, num_new in scheduled.items():
             st = self._reqs.get(req_id)
             if st is None:
                 continue
-            table = self._block_ids_of(req_id) if self._block_ids_of else []
-            if st.pending_load is not None:
-                start, end = st.pending_load
-                st.pending_load = None
-                plan = self._load_plan(req_id, st, start, end, table)
-                if plan is not None:
-                    meta.loads.append(plan)
-                    if plan.async_load:
-                        self._loading.add(req_id)
-                    self.log.write("claim", req=req_id, prompt_tokens=st.request.num_prompt_tokens,
-                                   local_tokens=start, claimed_tokens=end - start, async_load=plan.async_load)
+            table = self._emit_load(meta, req_id, st)
             if self.save:
                 meta.saves.extend(self._save_chunks(req_id, st, num_new, table))
         return meta
+
+    def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: _ReqState) -> list[int]:
+        """Turn the request's pending load (if any) into a plan in ``meta``; its block table."""
+        table = self._block_ids_of(req_id) if self._block_ids_of else []
+        if st.pending_load is None:
+            return table
+        start, end = st.pending_load
+        st.pending_load = None
+        plan = self._load_plan(req_id, st, start, end, table)
+        st.pending_async = False
+        if plan is not None:
+            meta.loads.append(plan)
+            if plan.async_load:
+                self._loading.add(req_id)
+            self.log.write("claim", req=req_id, prompt_tokens=st.request.num_prompt_tokens,
+                           local_tokens=start, claimed_tokens=end - start, async_load=plan.async_load)
+        return table
 
     def _load_plan(self, req_id: str, st: _ReqState, start: int, end: int, table: list[int]) -> LoadPlan | None:
         bpc, bs, c = self.blocks_per_chunk, self.block_size, self.chunk_size
