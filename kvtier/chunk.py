@@ -13,13 +13,28 @@ Layout (all integers little-endian)::
 
 A reader verifies magic, version, namespace, key, the total length and the checksum
 before handing out a single byte; any mismatch raises ``ChunkError`` whose ``kind`` is
-the event name the store counts (corrupt, torn, namespace_mismatch, wrong_key, version).
+the event name the store counts (corrupt, torn, namespace_mismatch, wrong_key, version,
+unsigned, bad_signature, signed_no_key).
+
+**Signed chunks** (optional, ``store.signing_key``): when a deployment secret is registered
+for a namespace (``register_mac_key``), every chunk of that namespace is written with flag
+``FLAG_MAC`` and its trailer holds a keyed BLAKE3 MAC (first 16 bytes) over the header region
+and the payload instead of the xxh3-128 checksum. Readers that hold the secret refuse chunks
+without the flag (``unsigned``) and chunks whose MAC does not match (``bad_signature``);
+readers without it refuse signed chunks (``signed_no_key``). A checksum only proves the bytes
+are what some writer wrote; the MAC proves that writer held the secret.
+
+Parsing is a fixed binary layout (``struct``) only: nothing here (or in any tier) uses pickle,
+``eval`` or any deserializer that can run code; sizes from a header are checked against the
+blob/file size before anything is allocated from them.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from dataclasses import dataclass
+from typing import Protocol
 
 import xxhash
 
@@ -34,6 +49,79 @@ _HEADER = struct.Struct(f"<4sHHI{KEY_BYTES}s{KEY_BYTES}s{KEY_BYTES}sIQ16sB{MAX_N
 _TRAILER = struct.Struct("<4s16s")
 TRAILER_SIZE = _TRAILER.size
 _ZERO_KEY = bytes(KEY_BYTES)
+FLAG_MAC = 1                      # trailer holds a keyed BLAKE3 MAC, not the xxh3 checksum
+_NS_OFFSET = 12                   # the namespace digest's offset in the header struct
+MIN_MAC_KEY = 16
+
+_mac_keys: dict[bytes, bytes] = {}
+_mac_lock = threading.Lock()
+
+
+class Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> object: ...
+    def digest(self) -> bytes: ...
+
+
+class _Blake3Mac:
+    """Keyed BLAKE3 truncated to the trailer's 16 digest bytes."""
+
+    __slots__ = ("_h",)
+
+    def __init__(self, key: bytes) -> None:
+        import blake3  # optional dependency: only deployments that sign chunks need it
+
+        self._h = blake3.blake3(key=blake3_key(key))
+
+    def update(self, data: bytes | memoryview) -> None:
+        self._h.update(data)
+
+    def digest(self) -> bytes:
+        return self._h.digest(length=16)
+
+
+def blake3_key(secret: bytes) -> bytes:
+    """The 32-byte BLAKE3 key derived from a deployment secret of any length (>= 16 bytes)."""
+    import hashlib
+
+    if len(secret) < MIN_MAC_KEY:
+        raise ValueError(f"signing key must be at least {MIN_MAC_KEY} bytes")
+    return hashlib.blake2b(secret, digest_size=32, person=b"kvtier-mac").digest()
+
+
+def register_mac_key(namespace_digest: bytes, secret: bytes | None) -> None:
+    """Sign and verify every chunk of ``namespace_digest`` in this process with ``secret``
+    (None: stop signing). Raises ValueError when another secret is already registered."""
+    with _mac_lock:
+        if secret is None:
+            _mac_keys.pop(namespace_digest, None)
+            return
+        blake3_key(secret)        # validates the length; imports blake3 early (clear error at open)
+        old = _mac_keys.get(namespace_digest)
+        if old is not None and old != secret:
+            raise ValueError("another signing key is already registered for this namespace")
+        _mac_keys[namespace_digest] = secret
+
+
+def mac_key_for(namespace_digest: bytes) -> bytes | None:
+    return _mac_keys.get(namespace_digest)
+
+
+def _header_ns_flags(header: bytes | memoryview) -> tuple[bytes, int]:
+    flags = int.from_bytes(bytes(header[8:12]), "little")
+    return bytes(header[_NS_OFFSET:_NS_OFFSET + KEY_BYTES]), flags
+
+
+def new_hasher(header: bytes | memoryview, mac_key: bytes | None = None) -> Hasher:
+    """The running digest for a chunk whose header region is ``header`` (fed first by the caller):
+    keyed BLAKE3 when the header carries FLAG_MAC, xxh3-128 otherwise. The MAC key is ``mac_key`` or
+    the one registered for the header's namespace; a signed header without a key raises ChunkError."""
+    ns, flags = _header_ns_flags(header)
+    if flags & FLAG_MAC:
+        key = mac_key if mac_key is not None else _mac_keys.get(ns)
+        if key is None:
+            raise ChunkError("signed_no_key", "chunk is signed but no signing key is configured")
+        return _Blake3Mac(key)
+    return xxhash.xxh3_128()
 
 
 class ChunkError(Exception):
@@ -71,25 +159,31 @@ def file_size(payload_len: int) -> int:
     return HEADER_SIZE + payload_len + TRAILER_SIZE
 
 
-def encode_header(namespace_digest: bytes, meta: ChunkMeta) -> bytearray:
-    """The 4 KiB header region for ``meta`` (a fresh, zero-padded bytearray)."""
+def encode_header(namespace_digest: bytes, meta: ChunkMeta, *, signed: bool | None = None) -> bytearray:
+    """The 4 KiB header region for ``meta`` (a fresh, zero-padded bytearray). ``signed`` (default:
+    a signing key is registered for the namespace) sets FLAG_MAC."""
     shape = tuple(meta.shape) + (0,) * (MAX_NDIM - len(meta.shape))
     buf = bytearray(HEADER_SIZE)
-    _HEADER.pack_into(buf, 0, MAGIC, FORMAT_VERSION, _HEADER.size, 0, namespace_digest, meta.key,
+    if signed is None:
+        signed = namespace_digest in _mac_keys
+    flags = FLAG_MAC if signed else 0
+    _HEADER.pack_into(buf, 0, MAGIC, FORMAT_VERSION, _HEADER.size, flags, namespace_digest, meta.key,
                       meta.parent or _ZERO_KEY, meta.num_tokens, meta.payload_len,
                       meta.dtype.encode(), len(meta.shape), *shape)
     return buf
 
 
-def checksum(header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
-    """xxh3-128 digest over the header region and the payload."""
-    h = xxhash.xxh3_128(header)
+def checksum(header: bytes | memoryview, payload: bytes | memoryview, mac_key: bytes | None = None) -> bytes:
+    """The trailer digest over the header region and the payload: xxh3-128, or the keyed BLAKE3
+    MAC when the header is signed (see ``new_hasher``)."""
+    h = new_hasher(header, mac_key)
+    h.update(header)
     h.update(payload)
     return h.digest()
 
 
-def encode_trailer(header: bytes | memoryview, payload: bytes | memoryview) -> bytes:
-    return pack_trailer(checksum(header, payload))
+def encode_trailer(header: bytes | memoryview, payload: bytes | memoryview, mac_key: bytes | None = None) -> bytes:
+    return pack_trailer(checksum(header, payload, mac_key))
 
 
 def pack_trailer(digest: bytes) -> bytes:
@@ -102,7 +196,7 @@ def decode_header(header: bytes | memoryview, namespace_digest: bytes | None = N
     """Parse and check the header region; raises ``ChunkError`` on any mismatch."""
     if len(header) < _HEADER.size:
         raise ChunkError("torn", f"header is {len(header)} bytes")
-    (magic, version, hlen, _flags, ns, key, parent, ntok, plen, dtype, ndim,
+    (magic, version, hlen, flags, ns, key, parent, ntok, plen, dtype, ndim,
      *shape) = _HEADER.unpack_from(header, 0)
     if magic != MAGIC:
         raise ChunkError("corrupt", "bad magic")
@@ -114,6 +208,10 @@ def decode_header(header: bytes | memoryview, namespace_digest: bytes | None = N
         raise ChunkError("namespace_mismatch", "chunk belongs to another namespace")
     if expect_key is not None and key != expect_key:
         raise ChunkError("wrong_key", "chunk key does not match the requested key")
+    if flags & ~FLAG_MAC:
+        raise ChunkError("corrupt", f"unknown header flags {flags:#x}")
+    if not flags & FLAG_MAC and ns in _mac_keys:
+        raise ChunkError("unsigned", "namespace requires signed chunks; this one is not signed")
     try:
         dtype_s = dtype.rstrip(b"\0").decode("ascii")
     except UnicodeDecodeError:
@@ -122,13 +220,19 @@ def decode_header(header: bytes | memoryview, namespace_digest: bytes | None = N
                      tuple(shape[:ndim]), dtype_s, plen)
 
 
-def verify_trailer(header: bytes | memoryview, payload: bytes | memoryview, trailer: bytes | memoryview) -> None:
-    """Check the trailer magic and checksum; raises ``ChunkError`` ("torn" / "corrupt")."""
+def verify_trailer(header: bytes | memoryview, payload: bytes | memoryview, trailer: bytes | memoryview,
+                   mac_key: bytes | None = None) -> None:
+    """Check the trailer magic and checksum / MAC; raises ``ChunkError`` ("torn" / "corrupt" /
+    "bad_signature" / "signed_no_key")."""
     verify_digest(trailer, None)
-    verify_digest(trailer, checksum(header, payload))
+    verify_digest(trailer, checksum(header, payload, mac_key), signed=is_signed(header))
 
 
-def verify_digest(trailer: bytes | memoryview, digest: bytes | None) -> None:
+def is_signed(header: bytes | memoryview) -> bool:
+    return bool(_header_ns_flags(header)[1] & FLAG_MAC)
+
+
+def verify_digest(trailer: bytes | memoryview, digest: bytes | None, signed: bool = False) -> None:
     """Check the trailer's magic and (unless None) that it holds ``digest``."""
     if len(trailer) != TRAILER_SIZE:
         raise ChunkError("torn", "trailer missing")
@@ -136,13 +240,17 @@ def verify_digest(trailer: bytes | memoryview, digest: bytes | None) -> None:
     if magic != TRAILER_MAGIC:
         raise ChunkError("torn", "bad trailer magic")
     if digest is not None and stored != digest:
+        if signed:
+            raise ChunkError("bad_signature", "MAC mismatch: not written with this deployment's signing key")
         raise ChunkError("corrupt", "checksum mismatch")
 
 
-def encode(namespace_digest: bytes, meta: ChunkMeta, payload: bytes | memoryview) -> bytes:
-    """A whole chunk as one bytes object (header region + payload + trailer)."""
-    header = encode_header(namespace_digest, meta)
-    return bytes(header) + bytes(payload) + encode_trailer(header, payload)
+def encode(namespace_digest: bytes, meta: ChunkMeta, payload: bytes | memoryview, *,
+           mac_key: bytes | None = None) -> bytes:
+    """A whole chunk as one bytes object (header region + payload + trailer). ``mac_key`` signs it
+    with that secret (default: the namespace's registered key, if any)."""
+    header = encode_header(namespace_digest, meta, signed=True if mac_key is not None else None)
+    return bytes(header) + bytes(payload) + encode_trailer(header, payload, mac_key)
 
 
 def decode(namespace_digest: bytes | None, data: bytes | memoryview,

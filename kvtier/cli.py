@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
     ("kvtier.commands.serve_cmd", None),           # serve (vLLM + kvtier connector)
     ("kvtier.commands.stats_cmd", None),           # stats (connector/store metrics)
     ("kvtier.commands.ttft_cmd", "bench"),         # bench ttft
+    ("kvtier.commands.sim_cmd", None),             # simulate, plan, calibrate
 )
 
 _GROUPS = {None: app, "workload": workload_app, "bench": bench_app}

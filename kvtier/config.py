@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Mapping
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 ENV_PREFIX = "KVTIER_"
 
@@ -98,17 +98,76 @@ class SharedFsConfig(SharedTierBase):
     """A POSIX directory on a filesystem many machines mount (JuiceFS, 3FS, CephFS, NFS...)."""
 
     kind: Literal["sharedfs"] = "sharedfs"
-    path: Path = Field(description="directory on the shared mount (created if missing)")
+    path: Path = Field(description="directory on the shared mount; must exist unless `create` (a missing "
+                       "directory usually means a missing mount)")
     capacity: ByteSize = Field(default=100 * 2**30, description="shared byte budget; the elected janitor evicts "
                                "past it (no lock on the write path)")
+    create: bool = Field(default=False, description="create `path` if missing (off: kvtier must not fill the "
+                         "local disk under an unmounted mount point)")
+    dir_levels: int = Field(default=2, ge=1, le=3, description="levels of 256-way directory fan-out under chunks/")
+    lookup_threads: int = Field(default=32, ge=1, le=256, description="parallel stat/read threads per process "
+                                "(a network filesystem's stat is a metadata round trip)")
+    writer_threads: int = Field(default=4, ge=1, le=64, description="background writer threads per process")
+    queue_depth: int = Field(default=256, ge=1, description="bounded write queue; when full, stores are dropped")
+    fsync: bool = Field(default=False, description="fsync each chunk file before it is renamed into place")
+    touch_interval_s: float = Field(default=60.0, ge=0, description="a hit refreshes a chunk's access stamp "
+                                    "(mtime) when it is older than this")
+    janitor: bool = Field(default=True, description="take part in the janitor election (one process evicts)")
+    janitor_interval_s: float = Field(default=30.0, gt=0, description="seconds between janitor lease renewals "
+                                      "and eviction passes")
+    lease_ttl_s: float = Field(default=90.0, gt=0, description="a janitor lease not renewed for this long "
+                               "expires (another process takes over)")
+    low_watermark: float = Field(default=0.9, gt=0, le=1, description="an eviction pass frees down to this "
+                                 "fraction of capacity")
+    overfill: float = Field(default=1.25, ge=1, description="writes are dropped while the janitor's last "
+                            "count exceeds capacity x this (a janitor that cannot keep up)")
+    temp_ttl_s: float = Field(default=3600.0, gt=0, description="the janitor removes temp files older than this")
+
+    @model_validator(mode="after")
+    def _timing(self) -> "SharedFsConfig":
+        if self.lease_ttl_s <= self.janitor_interval_s:
+            raise ValueError("sharedfs.lease_ttl_s must exceed janitor_interval_s (the lease would lapse "
+                             "between renewals)")
+        return self
 
 
 class ValkeyConfig(SharedTierBase):
-    """Valkey / Redis, standalone or cluster."""
+    """Valkey / Redis, standalone or cluster. Credentials in the URL are moved into ``username`` /
+    ``password`` at load time, so no repr, log line or report ever shows them."""
 
     kind: Literal["valkey"] = "valkey"
     url: str = Field(default="redis://127.0.0.1:6379/0", description="valkey://, redis:// or rediss:// URL "
                      "(credentials may be given here or in username/password; never logged)")
+    cluster: bool = Field(default=False, description="Valkey/Redis Cluster: url names one node, the client "
+                          "discovers the rest; a chunk's keys share one hash slot")
+    username: str | None = Field(default=None, description="ACL user name (default user when unset)")
+    password: SecretStr | None = Field(default=None, description="password (or env "
+                                       "KVTIER_STORE__SHARED__PASSWORD); shown as ********** everywhere")
+    tls: bool = Field(default=False, description="connect with TLS (also implied by a rediss:// url)")
+    tls_ca_file: Path | None = Field(default=None, description="CA bundle to verify the server (TLS)")
+    ttl_s: float | None = Field(default=None, gt=0, description="expire chunks this long after their write; "
+                                "none: only the server's maxmemory policy evicts")
+    key_prefix: str = Field(default="kvtier", min_length=1, description="prefix of every key kvtier writes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _credentials_out_of_url(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("url"), str):
+            from urllib.parse import unquote, urlsplit, urlunsplit
+
+            parts = urlsplit(data["url"])
+            if parts.username or parts.password:
+                data = dict(data)
+                host = parts.hostname or ""
+                netloc = f"[{host}]" if ":" in host else host
+                if parts.port:
+                    netloc += f":{parts.port}"
+                data["url"] = urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+                if parts.username and not data.get("username"):
+                    data["username"] = unquote(parts.username)
+                if parts.password and not data.get("password"):
+                    data["password"] = unquote(parts.password)
+        return data
 
 
 class MooncakeConfig(SharedTierBase):
@@ -116,9 +175,39 @@ class MooncakeConfig(SharedTierBase):
 
     kind: Literal["mooncake"] = "mooncake"
     master: str = Field(default="127.0.0.1:50051", description="mooncake_master address host:port")
+    metadata_server: str = Field(default="http://127.0.0.1:8080/metadata", description="transfer-engine "
+                                 "metadata service: the master's built-in HTTP one, etcd://..., or P2PHANDSHAKE")
+    protocol: Literal["tcp", "rdma"] = Field(default="tcp", description="transfer protocol")
+    rdma_devices: str = Field(default="", description="RDMA device names (protocol rdma), comma separated")
+    local_hostname: str = Field(default="127.0.0.1", description="this client's address as other clients "
+                                "reach it (set to the machine's IP on a real cluster)")
+    segment_bytes: ByteSize = Field(default=0, description="memory this client lends to the pool; 0: store "
+                                    "into other clients' segments (a standalone pool owner), because objects "
+                                    "in a client's own segment vanish when it exits")
+    local_buffer_bytes: ByteSize = Field(default=16 * 2**20, description="the client's transfer staging buffer")
+    replicas: int = Field(default=1, ge=1, le=8, description="replicas per chunk")
+    key_prefix: str = Field(default="kvtier", min_length=1, description="prefix of every object key")
 
 
 SharedTierConfig = Annotated[SharedFsConfig | ValkeyConfig | MooncakeConfig, Field(discriminator="kind")]
+
+
+class FaultyConfig(_Section):
+    """A drill: wrap one tier with injected faults (kvtier.tiers.faulty.FaultyTier). Never for production."""
+
+    kind: Literal["faulty"] = "faulty"
+    wraps: Literal["memory", "disk", "shared"] = Field(default="disk", description="the tier that gets the faults")
+    latency_ms: float = Field(default=0.0, ge=0, description="added to every batched call (a read or lookup "
+                              "slower than its deadline answers 'unavailable')")
+    error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of calls that fail (unavailable "
+                              "lookups, failed reads and writes)")
+    corrupt_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of chunk reads whose bytes are "
+                                "flipped before verification (must become a miss, never wrong data)")
+    stall_after: int | None = Field(default=None, ge=0, description="after this many calls every call stalls "
+                                    "for stall_s (a hung backend); none: never")
+    stall_s: float = Field(default=30.0, ge=0, description="how long a stalled call blocks (bounded by the "
+                           "call's deadline where it has one)")
+    seed: int = Field(default=0, description="seed of the fault schedule (same seed, same faults)")
 
 
 class StoreConfig(_Section):
@@ -130,6 +219,23 @@ class StoreConfig(_Section):
     disk: DiskTierConfig = DiskTierConfig()
     shared: SharedTierConfig | None = Field(default=None, description="the third tier, read and written by many "
                                            "machines: {kind: sharedfs|valkey|mooncake, ...}; none by default")
+    faults: FaultyConfig | None = Field(default=None, description="fault drill: wrap store.faults.wraps with "
+                                        "injected latency, errors, corruption and stalls; none by default")
+    deployment: str = Field(default="", max_length=128, description="deployment-wide namespace prefix: deployments "
+                            "sharing one backend with different values never read each other's chunks")
+    signing_key: SecretStr | None = Field(default=None, description="deployment secret (>= 16 bytes): every chunk "
+                                          "is signed with a keyed BLAKE3 MAC and unsigned or wrongly signed chunks "
+                                          "are misses; never logged")
+    signing_key_file: Path | None = Field(default=None, description="read the signing secret from this file "
+                                          "instead (must not be readable by group or others)")
+
+    @model_validator(mode="after")
+    def _one_signing_source(self) -> "StoreConfig":
+        if self.signing_key is not None and self.signing_key_file is not None:
+            raise ValueError("set store.signing_key or store.signing_key_file, not both")
+        if self.signing_key is not None and len(self.signing_key.get_secret_value().encode()) < 16:
+            raise ValueError("store.signing_key must be at least 16 bytes")
+        return self
 
 
 class ConnectorConfig(_Section):
@@ -156,6 +262,8 @@ class ConnectorConfig(_Section):
 
 class MetricsConfig(_Section):
     port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
+    host: str = Field(default="127.0.0.1", min_length=1, description="address the metrics endpoint binds; anything "
+                      "but loopback exposes cache statistics to the network and is logged at start")
 
 
 class KvtierConfig(_Section):

@@ -55,6 +55,8 @@ class Namespace:
     pp_rank: int = 0
     pp_size: int = 1
     format_version: int = FORMAT_VERSION
+    deployment: str = ""        # deployment-wide prefix (store.deployment): separate deployments sharing one
+                                # backend never read each other's chunks, even for equal prompts and salts
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.chunk_size <= 0:
@@ -65,8 +67,12 @@ class Namespace:
             raise ValueError("tp_rank/pp_rank out of range")
 
     def canonical_bytes(self) -> bytes:
-        """Canonical encoding: sorted-key compact JSON of every field (UTF-8)."""
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+        """Canonical encoding: sorted-key compact JSON of every field (UTF-8). An empty ``deployment``
+        is left out, so namespaces without one keep the digests they always had."""
+        fields = asdict(self)
+        if not fields["deployment"]:
+            del fields["deployment"]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
     @cached_property
     def _digest(self) -> bytes:

@@ -55,6 +55,18 @@ class ModelStatus:
     problem: str | None = None
 
 
+def model_folder_problem(path: Path) -> str | None:
+    """Why ``path`` is not a Hugging Face model folder vLLM can load (None if it looks like one).
+    Side-effect free; checks files only (config.json, weights), never loads them."""
+    if not path.is_dir():
+        return f"model folder {path} does not exist"
+    if not (path / "config.json").is_file():
+        return f"{path} is not a model folder: no config.json"
+    if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")) and not any(path.glob("*.gguf")):
+        return f"{path} is not a model folder: no weights (*.safetensors, *.bin or *.gguf)"
+    return None
+
+
 def model_status(path: Path | None = None) -> ModelStatus:
     """Check a converted model folder without loading weights (cheap; used by ``doctor``)."""
     path = path or default_model_path()

@@ -3,7 +3,8 @@
 Contract:
 - ``ServerSpec`` is a frozen description of one server configuration; ``build_command``
   turns it into the exact argv (always ``--enforce-eager``, bound to 127.0.0.1, with
-  ``--enable-prompt-tokens-details`` so streamed usage reports cached tokens);
+  ``--enable-prompt-tokens-details`` so streamed usage reports cached tokens, and ``--dtype``
+  from ``kvtier.compute.choose_dtype``: "auto" is what this CPU computes fast);
   ``launch_env`` gives every configuration the same CPU binding (see there).
 - ``VllmServer.start`` refuses a busy port with a clear ``ServerError``, starts the
   process in its own process group with stdout/stderr going to ``log_path``, and polls
@@ -28,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from kvtier.compute import DtypeChoice, DtypeError, announce, choose_dtype
 from kvtier.runtime import kv_cache_bytes, vllm_env
 
 HOST = "127.0.0.1"
@@ -56,7 +58,7 @@ class ServerSpec:
     max_num_batched_tokens: int | None = None
     kv_cache_space_gib: float | None = 1.0
     enable_prefix_caching: bool = True
-    dtype: str | None = None
+    dtype: str | None = "auto"     # auto/None: kvtier.compute.choose_dtype; or bfloat16, float32, float16
     kvtier_config: dict[str, Any] | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
 
@@ -69,6 +71,11 @@ def kv_transfer_config(kvtier_config: dict[str, Any]) -> dict[str, Any]:
         "kv_role": "kv_both",
         "kv_connector_extra_config": {"kvtier_config": kvtier_config},
     }
+
+
+def server_dtype(spec: ServerSpec) -> DtypeChoice:
+    """The compute dtype ``spec`` runs with (auto -> what this CPU computes fast); raises DtypeError."""
+    return choose_dtype(spec.dtype, source="config")
 
 
 def build_command(spec: ServerSpec, port: int | None = None) -> list[str]:
@@ -84,8 +91,7 @@ def build_command(spec: ServerSpec, port: int | None = None) -> list[str]:
     if spec.max_num_batched_tokens is not None:
         cmd += ["--max-num-batched-tokens", str(spec.max_num_batched_tokens)]
     cmd.append("--enable-prefix-caching" if spec.enable_prefix_caching else "--no-enable-prefix-caching")
-    if spec.dtype is not None:
-        cmd += ["--dtype", spec.dtype]
+    cmd += ["--dtype", server_dtype(spec).dtype]
     if spec.kv_cache_space_gib is not None:
         # explicit bytes: vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB only (see kvtier.runtime.vllm_env)
         cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(spec.kv_cache_space_gib))]
@@ -170,6 +176,11 @@ class VllmServer:
         port = spec.port if spec.port is not None else free_port()
         if not port_is_free(port):
             raise ServerError(f"port busy: {HOST}:{port} is already in use (server {spec.name!r})")
+        if command is None:
+            try:
+                announce(server_dtype(spec))
+            except DtypeError as e:
+                raise ServerError(f"server {spec.name!r}: {e}") from None
         argv = build_command(spec, port) if command is None else [a.replace("{port}", str(port)) for a in command]
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)

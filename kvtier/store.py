@@ -99,6 +99,10 @@ class TieredStore:
     def open(cls, config: StoreConfig, namespace: Namespace) -> "TieredStore":
         if config.chunk_size != namespace.chunk_size:
             raise ValueError(f"store.chunk_size {config.chunk_size} != namespace.chunk_size {namespace.chunk_size}")
+        from kvtier.chunk import register_mac_key
+        from kvtier.security import signing_secret
+
+        register_mac_key(namespace.digest(), signing_secret(config))   # None: this namespace is not signed
         tm = Telemetry()
         return cls.from_tiers(config, namespace, open_tiers(config, namespace, tm), tm)
 

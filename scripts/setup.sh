@@ -15,6 +15,18 @@ log() { printf '[setup] %s\n' "$*"; }
 import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PYEOF
 
+# System packages the test services need (tests/services): fuse3 for JuiceFS mounts, libibverbs1 for
+# Mooncake's binaries (loaded even for TCP). Installed only when missing; CI runs as root.
+apt_pkgs=()
+command -v fusermount3 >/dev/null 2>&1 || apt_pkgs+=(fuse3)
+ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || apt_pkgs+=(libibverbs1)
+if [ ${#apt_pkgs[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  log "installing system packages: ${apt_pkgs[*]} (apt-get)"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${apt_pkgs[@]}" >/dev/null
+fi
+
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -x "$VENV/bin/python" ]; then
   if "$VENV/bin/python" -c "import kvtier.model as m, sys; sys.exit(0 if m.model_status().ready else 1)" 2>/dev/null; then

@@ -9,7 +9,7 @@ still run.
 
 Configuration file (YAML): a list of entries, or ``{defaults: {...}, configs: [...]}``::
 
-    defaults: {kv_cache_space_gib: 1, max_model_len: 4096}
+    defaults: {kv_cache_space_gib: 1, max_model_len: 4096, dtype: auto}
     configs:
       - name: vllm-baseline
       - name: kvtier-disk
@@ -27,7 +27,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Literal, Protocol, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -38,7 +38,7 @@ from kvtier.bench.replay import (ReplayError, ReplayOptions, load_conversations,
 from kvtier.bench.report import RunView, render_report
 from kvtier.bench.slo import SloOptions, SloResult, run_slo
 from kvtier.config import ConfigError, KvtierConfig, deep_merge, read_yaml_mapping
-from kvtier.server import DEFAULT_READY_TIMEOUT_S, ServerError, ServerSpec, VllmServer
+from kvtier.server import DEFAULT_READY_TIMEOUT_S, ServerError, ServerSpec, VllmServer, server_dtype
 
 SPEEDUP_KEYS = ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "e2e_mean")
 
@@ -61,7 +61,7 @@ class CompareEntry(BaseModel):
     max_num_batched_tokens: int | None = None
     kv_cache_space_gib: float | None = 1.0
     enable_prefix_caching: bool = True
-    dtype: str | None = None
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] | None = None  # None: the command's --dtype
     kvtier: dict[str, Any] | None = None          # KvtierConfig fields
     kvtier_config_file: str | None = None         # or a kvtier YAML config file
     extra_args: list[str] = []
@@ -72,8 +72,11 @@ def default_model() -> str:
     return str(default_model_path())
 
 
-def load_compare_specs(path: str | Path, model: str | None = None) -> list[ServerSpec]:
-    """Parse the compare YAML into ServerSpecs; raises ConfigError with one clear line."""
+def load_compare_specs(path: str | Path, model: str | None = None, dtype: str = "auto") -> list[ServerSpec]:
+    """Parse the compare YAML into ServerSpecs; raises ConfigError with one clear line.
+
+    ``model``/``dtype`` apply to entries that do not name their own ("auto": kvtier.compute.choose_dtype).
+    """
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
@@ -107,7 +110,7 @@ def load_compare_specs(path: str | Path, model: str | None = None) -> list[Serve
         specs.append(ServerSpec(name=entry.name, model=entry.model or model or default_model(), port=entry.port,
                                 max_model_len=entry.max_model_len, max_num_batched_tokens=entry.max_num_batched_tokens,
                                 kv_cache_space_gib=entry.kv_cache_space_gib,
-                                enable_prefix_caching=entry.enable_prefix_caching, dtype=entry.dtype,
+                                enable_prefix_caching=entry.enable_prefix_caching, dtype=entry.dtype or dtype,
                                 kvtier_config=kv, extra_args=tuple(entry.extra_args)))
     names = [s.name for s in specs]
     if len(set(names)) != len(names):
@@ -175,7 +178,8 @@ def speedups_vs_baseline(runs: Sequence[ConfigRun]) -> dict[str, dict[str, float
 def describe(spec: ServerSpec) -> str:
     kv = "vLLM only" if spec.kvtier_config is None else f"kvtier `{json.dumps(spec.kvtier_config)}`"
     return (f"{kv}; KV cache {spec.kv_cache_space_gib} GiB; prefix caching "
-            f"{'on' if spec.enable_prefix_caching else 'off'}; max_model_len {spec.max_model_len}")
+            f"{'on' if spec.enable_prefix_caching else 'off'}; max_model_len {spec.max_model_len}; "
+            f"dtype {server_dtype(spec).dtype}")
 
 
 def _with_fresh_disk(spec: ServerSpec, run_dir: Path) -> tuple[ServerSpec, str | None]:

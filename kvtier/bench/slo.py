@@ -9,6 +9,14 @@ latency grows with load (monotone); the curve of every evaluated point is report
 
 Each point replays the next slice of the workload (the conversation offset advances), so
 points do not re-send the prompts of earlier points unless the workload wraps around.
+
+Steady state (``steady_state``): a closed-loop point of N users starts with a burst of N
+simultaneous requests and ends with a drain where fewer than N are in flight. The statistic is
+then computed on the steady-state window only: requests after the first N (by start time) that
+finished before the last request was issued (when every user still had work); each point runs at
+least ``min_requests_per_user`` x N requests, and reports the mean number of requests in flight
+over its window (``in_flight``). A failed request anywhere in the point still fails it. Each
+point's repeats are reported with their spread (min, max).
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ class SloOptions:
     max_load: float = 256.0
     repeats: int = 1
     requests_per_point: int | None = None   # None: max(16, 4 * ceil(load))
+    steady_state: bool = False         # closed loop: statistic on the steady-state window (see module doc)
+    min_requests_per_user: int = 0     # at least this x load requests per point
     rate_tolerance: float = 0.1        # open loop: stop bisecting when (hi - lo) / lo <= this
 
     def validate(self, mode: str) -> None:
@@ -52,6 +62,8 @@ class SloPoint:
     ok_requests: int
     value: float | None
     passed: bool
+    spread: tuple[float, float] | None = None     # (min, max) of the repeats' values
+    in_flight: float | None = None                # steady state: mean requests in flight in the window
 
 
 @dataclass
@@ -68,7 +80,8 @@ class SloResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SloResult":
-        return cls(**{**d, "points": [SloPoint(**p) for p in d["points"]]})
+        return cls(**{**d, "points": [SloPoint(**{**p, "spread": tuple(p["spread"]) if p.get("spread") else None})
+                                      for p in d["points"]]})
 
 
 Evaluate = Callable[[float, int], tuple[dict[str, Any], Sequence[RequestRecord]]]
@@ -80,8 +93,51 @@ def _point(load: float, runs: list[dict[str, Any]], opts: SloOptions) -> SloPoin
     ok = sum(r.get("requests_ok", 0) for r in runs)
     known = [v for v in values if v is not None]
     value = statistics.median(known) if len(known) == len(values) and known else None
+    flights = [r["in_flight_mean"] for r in runs if r.get("in_flight_mean") is not None]
     return SloPoint(load=load, values=values, failed_requests=failed, ok_requests=ok, value=value,
-                    passed=failed == 0 and value is not None and value <= opts.slo_s)
+                    passed=failed == 0 and value is not None and value <= opts.slo_s,
+                    spread=(min(known), max(known)) if known else None,
+                    in_flight=statistics.fmean(flights) if flights else None)
+
+
+def steady_window(records: Sequence[RequestRecord], users: int) -> tuple[list[RequestRecord], float, float]:
+    """(records in the steady-state window, window start, window end) of a closed-loop run.
+
+    Window: from the start of the (users+1)-th request to the start of the last one; a record is in
+    it when it started after the first ``users`` (the opening burst) and ended before the last
+    request was issued (after that, users run out of work and fewer are in flight)."""
+    ordered = sorted(records, key=lambda r: r.start_s)
+    if len(ordered) <= users:
+        return [], 0.0, 0.0
+    t0, t1 = ordered[users].start_s, ordered[-1].start_s
+    kept = [r for r in ordered[users:] if r.ok and r.e2e_s is not None and r.start_s + r.e2e_s <= t1]
+    return kept, t0, t1
+
+
+def mean_in_flight(records: Sequence[RequestRecord], t0: float, t1: float) -> float | None:
+    """Time-weighted mean number of requests in flight over [t0, t1] (a failed one until its end or t1)."""
+    if t1 <= t0:
+        return None
+    busy = 0.0
+    for r in records:
+        end = r.start_s + (r.e2e_s if r.e2e_s is not None else t1 - r.start_s)
+        busy += max(0.0, min(end, t1) - max(r.start_s, t0))
+    return busy / (t1 - t0)
+
+
+def steady_summary(full: dict[str, Any], records: Sequence[RequestRecord], users: int) -> dict[str, Any]:
+    """The run's summary recomputed on its steady-state window (failures counted over the whole run)."""
+    from kvtier.bench.summary import summarize
+
+    kept, t0, t1 = steady_window(records, users)
+    out = summarize(kept, duration_s=max(t1 - t0, 0.0), windows=0)
+    out.update({"requests_failed": full.get("requests_failed", 0), "requests_ok_run": full.get("requests_ok"),
+                "window_requests": len(kept), "window_s": max(t1 - t0, 0.0),
+                "in_flight_mean": mean_in_flight(records, t0, t1), "steady_state": True,
+                "conversations_started": full.get("conversations_started")})
+    if not kept:   # too few requests for a window: no statistic, the point cannot pass
+        out.update({k: None for k in out if k.endswith("_s") and k not in ("window_s",)})
+    return out
 
 
 def search(evaluate: Evaluate, mode: str, opts: SloOptions,
@@ -135,7 +191,7 @@ def replay_evaluator(convs: Sequence[Conversation], url: str, base: ReplayOption
     state = {"offset": base.conversation_offset}
 
     def evaluate(load: float, repeat: int) -> tuple[dict[str, Any], Sequence[RequestRecord]]:
-        n = slo.requests_per_point or max(16, 4 * math.ceil(load))
+        n = max(slo.requests_per_point or max(16, 4 * math.ceil(load)), slo.min_requests_per_user * math.ceil(load))
         if base.mode == "closed":
             opts = replace(base, concurrency=int(load), max_requests=n, conversation_offset=state["offset"],
                            progress=False)
@@ -144,12 +200,15 @@ def replay_evaluator(convs: Sequence[Conversation], url: str, base: ReplayOption
                            progress=False)
         result = asyncio.run(replay_conversations(convs, url, opts))
         state["offset"] += result.summary["conversations_started"]
+        summary = result.summary
+        if slo.steady_state and base.mode == "closed":
+            summary = steady_summary(result.summary, result.records, int(load))
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
             stem = f"load-{load:g}-r{repeat}"
             (out_dir / f"{stem}.jsonl").write_text("".join(r.to_json() + "\n" for r in result.records))
-            write_json(out_dir / f"{stem}.summary.json", result.summary)
-        return result.summary, result.records
+            write_json(out_dir / f"{stem}.summary.json", summary)
+        return summary, result.records
 
     return evaluate
 

@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 
 from kvtier.chunk import ChunkMeta
+from kvtier.compute import kv_bytes
 from kvtier.config import StoreConfig
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.metrics import Telemetry
@@ -45,7 +46,9 @@ from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.memory import MemoryTier
 from kvtier.tiers.protocol import WriteItem
 
-MODELS = {"default": 23_040, "7b": 57_344}      # KV bytes per token
+# KV bytes per token (bf16) of the bundled SmolLM2-135M (30 layers, 3 KV heads, head_dim 64) and of a
+# 7B-class GQA model (Qwen2.5-7B: 28 layers, 4 KV heads, head_dim 128): 23,040 and 57,344 B.
+MODELS = {"default": kv_bytes(30, 3, 64, 2), "7b": kv_bytes(28, 4, 128, 2)}
 TOKENS = 256
 GB = 1e9
 # disk tier variants: name -> (o_direct writes, o_direct reads)
@@ -584,6 +587,11 @@ def to_markdown(r: dict) -> str:
             lines.append(f"* {k}: {val}, target {'≥' if 'ratio_median' in t else '≤'} {t['target']}: "
                          f"{'met' if t['met'] else 'MISSED'}")
         lines.append("")
+    if "sharedfs" in r:
+        from kvtier.bench.store_bench_sharedfs import markdown_rows
+        lines += markdown_rows(r["sharedfs"])
     if "duration_s" in r:
         lines += [f"Bench duration: {r['duration_s']} s.", ""]
+    from kvtier.bench.store_bench_shared import shared_markdown  # rows of --shared (services helper)
+    lines += shared_markdown(r)
     return "\n".join(lines)

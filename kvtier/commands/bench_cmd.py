@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+
 console = Console()
 err_console = Console(stderr=True)
 
@@ -180,6 +182,7 @@ def compare(
     keep_disk: bool = typer.Option(False, "--keep-disk", help="Keep the fresh disk-tier directories."),
     ready_timeout: float = typer.Option(240.0, "--ready-timeout", help="Seconds to wait for each server."),
     request_timeout: float = typer.Option(300.0, "--request-timeout"),
+    dtype: str = dtype_option(),
 ) -> None:
     """Run WORKLOAD against each configuration on a fresh vLLM server; write a report with plots."""
     from kvtier.bench.compare import load_compare_specs, run_compare
@@ -189,8 +192,10 @@ def compare(
 
     opts = _replay_options(mode, concurrency, rate, time_scale, think_time_scale, max_requests, duration, seed,
                            None, False, True, request_timeout, True, True)
+    if dtype.strip().lower() != "auto":
+        dtype = resolve_cli_dtype(dtype, say=False).dtype   # validated; each server says its choice at start
     try:
-        specs = load_compare_specs(configs, model)
+        specs = load_compare_specs(configs, model, dtype=dtype)
     except ConfigError as e:
         raise typer.BadParameter(str(e)) from None
     slo_opts = SloOptions(slo_s=slo_s, max_load=slo_max_load) if slo_s else None

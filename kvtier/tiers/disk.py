@@ -1,6 +1,7 @@
 """Local-SSD tier: one verified file per chunk in a directory shared by processes.
 
-Layout under ``<disk.path>/<namespace.short_id()>/``::
+Layout under ``<disk.path>/<namespace.short_id()>/`` (kvtier/tiers/disklayout.py, shared with
+``kvtier fsck``)::
 
     namespace.json      the namespace fields (for humans and fsck)
     ledger              8-byte used-bytes counter; flock on it serialises publish/delete
@@ -27,7 +28,6 @@ caller's buffer (a pinned RAM slot), one without is copied into a staging buffer
 
 from __future__ import annotations
 
-import fcntl
 import itertools
 import json
 import os
@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+
 from kvtier.chunk import ChunkError, ChunkMeta, encode_header, file_size
 from kvtier.eviction import EvictionPolicy, PolicyName
 from kvtier.keys import ChunkKey, Namespace
@@ -45,32 +46,8 @@ from kvtier.tiers import diskio, manifest
 from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE
 from kvtier.tiers.base import Tier, TierUsage, as_byte_view
 from kvtier.tiers.protocol import Capabilities, WriteDone, WriteItem
+from kvtier.tiers.disklayout import SUFFIX, Ledger, NamespaceDir, is_dead_temp_file
 from kvtier.tiers.writer import Job, WriterPool
-
-SUFFIX = ".kvc"
-_STALE_TMP_S = 3600.0
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def is_dead_temp_file(entry: os.DirEntry) -> bool:
-    """A temp file ``<name>.<pid>...`` whose writer is another process that is gone, or that is
-    older than an hour (or whose name/stat cannot be read)."""
-    try:
-        pid = int(entry.name.split(".")[1])
-        stale = time.time() - entry.stat().st_mtime > _STALE_TMP_S
-    except (IndexError, ValueError, OSError):
-        pid, stale = -1, True
-    return pid != os.getpid() and (stale or not _pid_alive(pid))
-
 
 class DiskTier(Tier):
     name = "disk"
@@ -87,15 +64,15 @@ class DiskTier(Tier):
         self.o_direct = o_direct
         self.o_direct_read = o_direct if o_direct_read is None else o_direct_read
         self._ns = namespace.digest()
-        self._chunks = root / "chunks"
-        self._tmp = root / "tmp"
+        self.layout = NamespaceDir(root)
+        self._chunks = self.layout.chunks
+        self._tmp = self.layout.tmp
         self._tm = telemetry
         self._lock = threading.RLock()          # index, policy, pending
-        self._xlock = threading.Lock()          # threads' half of the ledger lock (flock is per process)
         self._index: dict[ChunkKey, int] = {}   # key -> file size
         self._unknown_parent: set[ChunkKey] = set()
         self._policy = EvictionPolicy(policy)
-        self._ledger_fd = -1
+        self._ledger_file: Ledger | None = None
         self._seq = itertools.count()
         self._writers = WriterPool(self, writer_threads, queue_depth, telemetry)
         self.last_scan_s = 0.0
@@ -127,7 +104,7 @@ class DiskTier(Tier):
             tmp.write_text(json.dumps({"digest": namespace.digest().hex(),
                                        "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
             os.replace(tmp, ns_file)
-        self._ledger_fd = os.open(root / "ledger", os.O_RDWR | os.O_CREAT, 0o644)
+        self._ledger_file = Ledger.open(self.layout.ledger)
         self.clean_temp_files()
         t0 = time.perf_counter()
         with self._shared():
@@ -140,36 +117,32 @@ class DiskTier(Tier):
 
     # -- paths, ledger --------------------------------------------------------------------
     def path_of(self, key: ChunkKey) -> str:
-        h = key.hex()
-        return f"{self._chunks}/{h[:2]}/{h}{SUFFIX}"
+        return self.layout.path_of(key)
 
     @contextmanager
     def _shared(self) -> Iterator[None]:
         """Exclusive across threads (lock) and processes (flock on the ledger)."""
-        with self._xlock:
-            fcntl.flock(self._ledger_fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._ledger_fd, fcntl.LOCK_UN)
+        assert self._ledger_file is not None
+        with self._ledger_file.locked():
+            yield
 
     def _ledger(self) -> int:
-        raw = os.pread(self._ledger_fd, 8, 0)
-        return int.from_bytes(raw, "little") if len(raw) == 8 else 0
+        assert self._ledger_file is not None
+        return self._ledger_file.read()
 
     def _set_ledger(self, used: int) -> None:
-        os.pwrite(self._ledger_fd, max(used, 0).to_bytes(8, "little"), 0)
+        assert self._ledger_file is not None
+        self._ledger_file.write(used)
 
     def clean_temp_files(self) -> int:
         """Remove temp files of dead writers (or older than an hour). Returns how many."""
         removed = 0
-        for e in os.scandir(self._tmp):
-            if is_dead_temp_file(e):
-                try:
-                    os.unlink(e.path)
-                    removed += 1
-                except OSError:
-                    pass
+        for path in self.layout.dead_temp_files():
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
         if removed:
             self._tm.event("temp_cleaned", self.name, f"{removed} temp files of dead writers removed")
         return removed
@@ -197,19 +170,7 @@ class DiskTier(Tier):
 
     def _scan_dir(self) -> dict[ChunkKey, tuple[int, float]]:
         """Published chunk files now in the directory: key -> (size, mtime)."""
-        found: dict[ChunkKey, tuple[int, float]] = {}
-        for sub in os.scandir(self._chunks):
-            if not sub.is_dir():
-                continue
-            for e in os.scandir(sub.path):
-                if not e.name.endswith(SUFFIX) or len(e.name) != 64 + len(SUFFIX):
-                    continue
-                try:
-                    st = e.stat()
-                    found[ChunkKey(bytes.fromhex(e.name[:64]))] = (st.st_size, st.st_mtime)
-                except (OSError, ValueError):
-                    continue
-        return found
+        return {k: (size, mtime) for k, (_, size, mtime) in self.layout.scan().items()}
 
     def _merge_scan(self, found: dict[ChunkKey, tuple[int, float]], before: set[ChunkKey] | None) -> list[ChunkKey]:
         """Index what ``found`` has and drop what it lacks; returns the keys dropped.
@@ -246,7 +207,7 @@ class DiskTier(Tier):
     def _rescan_loop(self) -> None:
         """(background thread) Learn other processes' chunks every ``rescan_interval_s``, without the
         ledger lock (publishes of every process go on meanwhile); chunks that vanished (evicted or
-        removed by another process) leave the index and are reported like evictions."""
+        removed by another process) leave the index and are reported to ``on_forget``."""
         from kvtier.promoter import lower_thread_priority
 
         lower_thread_priority()
@@ -501,9 +462,8 @@ class DiskTier(Tier):
         self._writers.close()
         self.save_manifest()
         QUEUE_DEPTH.set(0)
-        if self._ledger_fd >= 0:
-            os.close(self._ledger_fd)
-            self._ledger_fd = -1
+        if self._ledger_file is not None:
+            self._ledger_file.close()
 
 
 def _unlink_quiet(path: str) -> None:
@@ -521,4 +481,4 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-__all__ = ["DiskTier", "SUFFIX", "log"]
+__all__ = ["DiskTier", "SUFFIX", "is_dead_temp_file", "log"]

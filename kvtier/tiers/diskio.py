@@ -19,10 +19,13 @@ import threading
 
 from concurrent.futures import ThreadPoolExecutor
 
-import xxhash
+from typing import TYPE_CHECKING
 
-from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, pack_trailer,
-                          verify_digest)
+from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, is_signed,
+                          new_hasher, pack_trailer, verify_digest)
+
+if TYPE_CHECKING:
+    from kvtier.chunk import Hasher
 
 ALIGN = 4096
 PIECE = 2 << 20             # read granularity when hashing overlaps the reads
@@ -211,23 +214,25 @@ def _groups(n: int) -> list[range]:
     return [range(0, 2), *(range(i, i + 1) for i in range(2, n - 2)), range(n - 2, n)]
 
 
-def _read_and_hash(fd: int, parts: list[memoryview], nhash: int) -> tuple[int, "xxhash.xxh3_128 | None"]:
-    """Read ``parts`` (consecutive, from offset 0); hash the first ``nhash``. Returns (bytes
-    read, the running xxh3-128 state, or None if a hashed part came up short).
+def _read_and_hash(fd: int, parts: list[memoryview], nhash: int) -> tuple[int, "Hasher | None"]:
+    """Read ``parts`` (consecutive, from offset 0; ``parts[0]`` is the header region); hash the
+    first ``nhash``. Returns (bytes read, the running digest state — xxh3-128, or the keyed MAC
+    for a signed header — or None if a hashed part came up short).
 
     Large reads go to the helper pool as one ``preadv`` per piece, all submitted at once:
     the device sees them in flight together (like one big read) and this thread hashes
     each piece as soon as it has landed, in order, so only the last piece's hash is not
     overlapped with device time."""
-    h = xxhash.xxh3_128()
     want_hashed = sum(len(p) for p in parts[:nhash])
     if want_hashed - len(parts[0]) < PIPELINE_MIN:
         got = _preadv_all(fd, parts, 0)
         if got < want_hashed:
             return got, None
+        h = new_hasher(parts[0])      # parts[0] is the header region: it says checksum or MAC
         for part in parts[:nhash]:
             h.update(part)
         return got, h
+    h = None
     pool = _io_pool()
     futs, off = [], 0
     for group in _groups(len(parts)):
@@ -249,11 +254,13 @@ def _read_and_hash(fd: int, parts: list[memoryview], nhash: int) -> tuple[int, "
                     short = True
                     break
                 if i < nhash:
+                    if h is None:
+                        h = new_hasher(parts[0])
                     h.update(parts[i])
     finally:
         for _, fut in futs:          # never return while a helper may still write into the buffers
             fut.exception()
-    return got, h if complete else None
+    return got, h if complete and h is not None else None
 
 
 def _pieces(view: memoryview) -> list[memoryview]:
@@ -312,7 +319,7 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
         meta = decode_header(hdr, namespace_digest, key)
         if meta.payload_len != plen:
             raise ChunkError("torn", f"file holds {plen} payload bytes, header says {meta.payload_len}")
-        verify_digest(trl, digest)
+        verify_digest(trl, digest, signed=is_signed(hdr))
         return meta
     finally:
         os.close(fd)

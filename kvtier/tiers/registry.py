@@ -28,8 +28,9 @@ SHARED_BACKENDS: dict[str, tuple[str, str | None]] = {
     "sharedfs": ("kvtier.tiers.sharedfs:SharedFsTier", None),
     "valkey": ("kvtier.tiers.valkey:ValkeyTier", "valkey"),
     "mooncake": ("kvtier.tiers.mooncake:MooncakeTier", "mooncake-transfer-engine-non-cuda"),
-    "faulty": ("kvtier.tiers.faulty:FaultyTier", None),
 }
+#: ``store.faults`` (a drill) wraps one tier in this class, imported only when configured
+FAULTS_BACKEND = "kvtier.tiers.faulty:FaultyTier"
 
 
 def build_memory(config: StoreConfig, namespace: Namespace, telemetry: Telemetry) -> Tier | None:
@@ -80,7 +81,16 @@ def build_shared(config: StoreConfig, namespace: Namespace, telemetry: Telemetry
     if cfg is None:
         return None
     tier = backend_class(cfg.kind).open(cfg, namespace, telemetry)
+    if config.faults is not None and config.faults.wraps == "shared":
+        tier = _faulty(config, namespace, telemetry, tier)      # inside the guard, like a real stall
     return guard_if_shared(tier, cfg, telemetry)
+
+
+def _faulty(config: StoreConfig, namespace: Namespace, telemetry: Telemetry, tier: Tier) -> Tier:
+    from kvtier.tiers.faulty import FaultyTier   # lazy: only drills import it
+
+    assert config.faults is not None
+    return FaultyTier.wrap(tier, config.faults, namespace, telemetry)
 
 
 def guard_if_shared(tier: Tier, cfg: SharedTierBase, telemetry: Telemetry) -> Tier:
@@ -100,10 +110,13 @@ def open_tiers(config: StoreConfig, namespace: Namespace, telemetry: Telemetry) 
     opened are closed before it propagates."""
     tiers: list[Tier] = []
     try:
-        for build in TIER_BUILDERS.values():
+        for name, build in TIER_BUILDERS.items():
             tier = build(config, namespace, telemetry)
-            if tier is not None:
-                tiers.append(tier)
+            if tier is None:
+                continue
+            if config.faults is not None and config.faults.wraps == name != "shared":
+                tier = _faulty(config, namespace, telemetry, tier)   # ``store.faults``: a drill
+            tiers.append(tier)
     except BaseException:
         for t in reversed(tiers):
             t.close()

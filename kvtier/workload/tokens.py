@@ -123,6 +123,8 @@ class HFTokenizer:
         return self.encode(text)
 
     def render_chat_batch(self, batch: list[list[Message]]) -> list[list[int]]:
+        if not batch:  # the HF fast tokenizer raises IndexError on an empty list
+            return []
         texts = [self._tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in batch]
         return [list(x) for x in self._tok(texts, add_special_tokens=False)["input_ids"]]
 
@@ -146,7 +148,10 @@ def load_tokenizer(path: str | Path | None) -> HFTokenizer:
 
 
 def render_chat_many(tokenizer: TokenCounter, batch: list[list[Message]]) -> list[list[int]]:
-    """Render many chat prompts, batched when the tokenizer supports it."""
+    """Render many chat prompts, batched when the tokenizer supports it. An empty batch
+    (e.g. a slice of a token-id workload: nothing to render) gives an empty list."""
+    if not batch:
+        return []
     fn = getattr(tokenizer, "render_chat_batch", None)
     if fn is not None:
         return fn(batch)

@@ -44,8 +44,10 @@ def test_bench_run_unreachable_server_is_one_clear_error(tmp_path):
 
 def test_bench_slo_prints_the_curve(tmp_path):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=100, n_turns=1)
-    with FakeOpenAIServer.start(FakeBehavior(ttft_per_active_s=0.1)) as srv:
-        r = runner.invoke(app, ["slo", str(wl), "--url", srv.url, "--slo", "0.25", "--max-load", "8",
+    # 0.2 s of TTFT per active request: 2 users = 0.4 s, 3 users = 0.6 s; the SLO of 0.5 s sits 0.1 s
+    # from both, so scheduler noise on a loaded 2-core machine cannot move the answer
+    with FakeOpenAIServer.start(FakeBehavior(ttft_per_active_s=0.2)) as srv:
+        r = runner.invoke(app, ["slo", str(wl), "--url", srv.url, "--slo", "0.5", "--max-load", "8",
                                 "--requests-per-point", "8", "--out", str(tmp_path / "slo"),
                                 "--json", str(tmp_path / "slo.json")])
     assert r.exit_code == 0, r.output

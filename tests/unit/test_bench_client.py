@@ -30,9 +30,11 @@ def test_ttft_clock_matches_first_chunk_delay():
         send(srv.url, conv(), 0)  # warm the connection path once
         rec = send(srv.url, conv(), 1)
     assert rec.ok, rec.error
-    assert abs(rec.ttft_s - delay) < 0.05, rec.ttft_s
+    # the clock starts before the send: TTFT can never be below the server's delay; above it only by
+    # client/loop overhead (generous bound: a loaded 2-core CI machine, not a timing target)
+    assert delay - 0.005 <= rec.ttft_s < delay + 0.25, rec.ttft_s
     assert rec.output_tokens == 5 and len(rec.itl_s) == 4
-    assert all(abs(x - 0.02) < 0.05 for x in rec.itl_s)
+    assert all(0.02 - 0.005 <= x < 0.02 + 0.25 for x in rec.itl_s)
     assert rec.e2e_s >= rec.ttft_s + sum(rec.itl_s) - 1e-6
 
 

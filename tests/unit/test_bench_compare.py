@@ -46,12 +46,22 @@ configs:
     ("- {name: a, kvtier: {store: {chunk_size: 0}}}\n", "kvtier.store.chunk_size"),
     ("[]\n", "non-empty list"),
     ("configs: [{name: a}]\nextra: 1\n", "unknown top-level"),
+    ("- {name: a, dtype: bf32}\n", "dtype"),
 ])
 def test_bad_compare_configs_are_clear(tmp_path, text, msg):
     p = tmp_path / "c.yaml"
     p.write_text(text)
     with pytest.raises(ConfigError, match=msg):
         load_compare_specs(p, model="/m")
+
+
+def test_compare_dtype_entries_and_command_default(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("- {name: a}\n- {name: b, dtype: bfloat16}\n- {name: c, dtype: auto}\n")
+    a, b, c = load_compare_specs(p, model="/m")
+    assert (a.dtype, b.dtype, c.dtype) == ("auto", "bfloat16", "auto")
+    a, b, c = load_compare_specs(p, model="/m", dtype="float32")   # --dtype applies where an entry is silent
+    assert (a.dtype, b.dtype, c.dtype) == ("float32", "bfloat16", "auto")
 
 
 def fake_launcher(delays: dict[str, float], seen: list):

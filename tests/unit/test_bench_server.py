@@ -45,6 +45,19 @@ def test_build_command_for_plain_vllm():
     assert "--no-enable-prefix-caching" in build_command(spec(enable_prefix_caching=False), port=1)
 
 
+def test_build_command_always_names_the_dtype(monkeypatch):
+    from kvtier.compute import choose_dtype
+
+    monkeypatch.delenv("KVTIER_DTYPE", raising=False)
+    auto = choose_dtype("auto").dtype
+    for d in ("auto", None):
+        cmd = build_command(spec(dtype=d), port=1)
+        assert cmd[cmd.index("--dtype") + 1] == auto
+    monkeypatch.setenv("KVTIER_DTYPE", "float16")
+    cmd = build_command(spec(), port=1)
+    assert cmd[cmd.index("--dtype") + 1] == "float16"
+
+
 def test_build_command_with_kvtier_connector():
     cfg = {"store": {"chunk_size": 256}}
     cmd = build_command(spec(kvtier_config=cfg), port=9000)

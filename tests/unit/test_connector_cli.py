@@ -18,10 +18,12 @@ def test_serve_dry_run_builds_the_vllm_command(tmp_path):
     r = runner.invoke(app, ["serve", "--dry-run", "--disk", str(tmp_path / "ssd"), "--ram", "1GiB",
                             "--model", str(tmp_path), "--", "--max-model-len", "8192"])
     assert r.exit_code == 0, r.output
-    argv = r.output.split()
+    argv = r.stdout.split()
     assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
     assert "--enforce-eager" in argv and argv[-2:] == ["--max-model-len", "8192"]
-    kvt = json.loads(r.output.split("--kv-transfer-config ", 1)[1].split(" --enforce-eager")[0])
+    assert argv[argv.index("--dtype") + 1] in ("float32", "bfloat16")    # auto, said on stderr with the reason
+    assert "dtype" in r.stderr and "auto" in r.stderr
+    kvt = json.loads(r.stdout.split("--kv-transfer-config ", 1)[1].split(" --enforce-eager")[0])
     assert kvt["kv_connector"] == "KvtierConnector"
     assert kvt["kv_connector_module_path"] == "kvtier.integrations.vllm.connector"
     cfg = kvt["kv_connector_extra_config"]["kvtier_config"]
@@ -87,3 +89,15 @@ def test_stats_from_url(tmp_path):
     r = runner.invoke(app, ["stats", "--url", f"http://127.0.0.1:{port}/metrics", "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["kvtier_connector_stored_chunks_total"] >= 1
+
+
+def test_serve_dtype_forced_bad_and_passthrough(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVTIER_DTYPE", raising=False)
+    r = runner.invoke(app, ["serve", "--dry-run", "--model", str(tmp_path), "--dtype", "float16"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.split().count("--dtype") == 1 and "--dtype float16" in r.stdout
+    r = runner.invoke(app, ["serve", "--dry-run", "--model", str(tmp_path), "--", "--dtype", "bfloat16"])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.split().count("--dtype") == 1 and "--dtype bfloat16" in r.stdout
+    r = runner.invoke(app, ["serve", "--dry-run", "--model", str(tmp_path), "--dtype", "int4"])
+    assert r.exit_code != 0 and "int4" in r.output

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import pytest
 
 from kvtier.config import KvtierConfig, deep_merge
 from kvtier.demo import companion
-from kvtier.demo.common import DEMO_CHUNK_TOKENS, ModelFacts
+from kvtier.demo.common import DEMO_CHUNK_TOKENS, ModelFacts, model_facts
+from kvtier.demo.sizing import WorkloadFacts
 
 FACTS = ModelFacts(path=Path("/nonexistent/model"), kv_bytes_per_token=23_040, max_model_len=8192)
+WF = WorkloadFacts(requests=104, prompt_tokens=162_213, ideal_hit_tokens=129_536, think_s=500.0, max_prompt_tokens=3900)
 
 
 def _validate(cfg: dict, tmp_path: Path) -> KvtierConfig:
@@ -19,18 +24,40 @@ def _validate(cfg: dict, tmp_path: Path) -> KvtierConfig:
 
 
 def test_companion_specs_share_engine_sizing_and_ram_budget(tmp_path):
-    ws = 1_000 * 2**20
-    specs, ram, ssd = companion.server_specs(companion.DEFAULT, FACTS, ws)
+    b = companion.budgets(companion.DEFAULT, FACTS, WF)
+    specs = companion.server_specs(companion.DEFAULT, FACTS, b)
     assert [s.name for s in specs] == ["vanilla", "kvtier-ram", "kvtier-ram-ssd"]
-    assert len({(s.max_model_len, s.kv_cache_space_gib) for s in specs}) == 1
+    assert len({(s.max_model_len, s.kv_cache_space_gib, s.dtype) for s in specs}) == 1
     assert specs[0].kvtier_config is None
-    assert ram == int(ws * companion.DEFAULT.ram_fraction) and ssd >= ws
+    ws = WF.working_set_tokens
+    assert b.ram_tokens == int(ws * companion.DEFAULT.ram_fraction) and b.ssd_tokens >= ws
     for s in specs[1:]:
         cfg = _validate(s.kvtier_config, tmp_path)
         assert cfg.store.chunk_size == DEMO_CHUNK_TOKENS
-        assert cfg.store.memory.capacity == ram
+        assert cfg.store.memory.capacity == b.ram_tokens * FACTS.kv_bytes_per_token
     assert not _validate(specs[1].kvtier_config, tmp_path).store.disk.enabled
-    assert _validate(specs[2].kvtier_config, tmp_path).store.disk.capacity == ssd
+    assert _validate(specs[2].kvtier_config, tmp_path).store.disk.capacity == b.ssd_tokens * FACTS.kv_bytes_per_token
+
+
+def test_budgets_are_tokens_so_every_dtype_holds_the_same_share_of_the_working_set():
+    """bf16 and float32: the same capacities in tokens, bytes = tokens x the dtype's KV bytes per token."""
+    bf16 = dataclasses.replace(FACTS, kv_bytes_per_token=23_040, dtype="bfloat16")
+    f32 = dataclasses.replace(FACTS, kv_bytes_per_token=46_080, dtype="float32")
+    b16, b32 = (companion.budgets(companion.DEFAULT, f, WF) for f in (bf16, f32))
+    assert (b16.engine_kv_tokens, b16.ram_tokens, b16.ssd_tokens) == (b32.engine_kv_tokens, b32.ram_tokens,
+                                                                        b32.ssd_tokens)
+    assert b16.engine_kv_tokens == int(WF.working_set_tokens * companion.DEFAULT.engine_kv_fraction)
+    s16, s32 = (companion.server_specs(companion.DEFAULT, f, b)[2] for f, b in ((bf16, b16), (f32, b32)))
+    assert s32.kv_cache_space_gib == pytest.approx(2 * s16.kv_cache_space_gib)
+    assert s32.kvtier_config["store"]["memory"]["capacity"] == 2 * s16.kvtier_config["store"]["memory"]["capacity"]
+    assert (s16.dtype, s32.dtype) == ("bfloat16", "float32")
+
+
+def test_model_facts_follow_the_dtype(tmp_path):
+    (tmp_path / "config.json").write_text('{"num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, '
+                                          '"num_hidden_layers": 30, "max_position_embeddings": 8192}')
+    assert model_facts(tmp_path, "bfloat16").kv_bytes_per_token == 2 * 30 * 3 * 64 * 2 == 23_040
+    assert model_facts(tmp_path, "float32").kv_bytes_per_token == 46_080
 
 
 def test_demo_chunk_is_a_multiple_of_the_cpu_block_size():
@@ -39,7 +66,11 @@ def test_demo_chunk_is_a_multiple_of_the_cpu_block_size():
 
 def test_quick_is_smaller_than_default():
     q, d = companion.QUICK, companion.DEFAULT
-    assert q.conversations <= d.conversations and q.duration_s <= d.duration_s
+    assert q.conversations <= d.conversations and q.target_s < d.target_s
+    assert (q.engine_kv_fraction, q.ram_fraction) == (d.engine_kv_fraction, d.ram_fraction)   # the same experiment
+    assert q.concurrency / q.conversations == d.concurrency / d.conversations
+    for s in (q, d):   # the truncated geometric turn-count distribution cannot reach a larger mean
+        assert s.turns_mean < (1 + s.turns_max) / 2
 
 
 def test_demo_rejects_bad_sizes_with_one_clear_error():

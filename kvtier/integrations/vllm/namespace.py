@@ -70,7 +70,7 @@ def check_chunk_size(chunk_size: int, block_size: int) -> None:
 
 
 def engine_namespace(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None",
-                     chunk_size: int, layout: KVLayout | None = None) -> Namespace:
+                     chunk_size: int, layout: KVLayout | None = None, deployment: str = "") -> Namespace:
     """The namespace for this engine and rank. Raises NamespaceError on a bad chunk size."""
     block_size = int(vllm_config.cache_config.block_size)
     check_chunk_size(chunk_size, block_size)
@@ -87,4 +87,4 @@ def engine_namespace(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig 
             tp_rank = pp_rank = 0
     return Namespace(model=model, model_fingerprint=weights_fingerprint(model), dtype=kv_dtype_name(vllm_config),
                      layout=layout.name, block_size=block_size, chunk_size=chunk_size,
-                     tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size)
+                     tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, deployment=deployment)

@@ -1,0 +1,224 @@
+"""Size the companion demo to the machine: same experiment, about ``target_s`` of wall time.
+
+Inputs: the machine's ``PrefillProfile`` (``kvtier.demo.calibrate``), a server's start-up time,
+and a function that returns the facts of the workload a size generates (``WorkloadFacts``; the
+demo generates and tokenizes it, unit tests pass a fake). Two knobs, and the ratios they keep:
+
+* ``length_scale`` g multiplies every token length (system prompt, messages, the prompt cap).
+  g = 1 / speed_factor (clamped to [``MIN_LENGTH_SCALE``, 1]) makes a request's cold prefill take
+  about what it took on the reference machine; think times are multiplied by the service-time
+  ratio that remains (speed_factor x g), so think time vs service time is kept.
+* ``conversations`` C (users, personas scale with it: users/conversations is kept) is chosen so
+  the estimated wall time is about the target. The engine's KV space and kvtier's RAM budget are
+  fixed fractions of the working set in tokens, so their ratios to it are kept by construction;
+  vLLM needs room for one full-length request, so C never goes below the point where
+  ``engine_kv_fraction x working set >= max_model_len``. When even that size is over the target at
+  the smallest g, the result says ``over_target``.
+
+Estimated wall time = calibration + 3 server starts + per configuration
+``max(W, (W + think) / users)``, W = the prefill of each request's uncached part; uncached parts use
+the share of the ideal hit rate each configuration reached in the reference runs (docs/results.md).
+Side-effect free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+from kvtier.demo.calibrate import PrefillProfile
+
+MIN_LENGTH_SCALE = 0.2
+MAX_CONVERSATIONS = 256
+#: share of the ideal hit rate reached by each configuration in the reference runs (8 users: vanilla
+#: 27% of 80% ideal, RAM-only 57%, RAM+SSD 80%); only used to *estimate* the run time.
+HIT_SHARE = {"vanilla": 0.35, "kvtier-ram": 0.7, "kvtier-ram-ssd": 1.0}
+#: per-configuration slack over the estimate (scheduling, decode steps, HTTP)
+SLACK = 1.15
+
+
+class CompanionLike(Protocol):
+    conversations: int
+    concurrency: int
+    personas: int
+    system_tokens: int
+    max_prompt_tokens: int
+    user_tokens: int
+    assistant_tokens: int
+    think_time_scale: float
+    max_tokens: int
+    engine_kv_fraction: float
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """What the estimate needs from a generated workload (prompt tokens by the real tokenizer)."""
+
+    requests: int
+    prompt_tokens: int
+    ideal_hit_tokens: int
+    think_s: float                  # sum of the workload's think times (before think_time_scale)
+    max_prompt_tokens: int          # the longest prompt
+
+    @property
+    def working_set_tokens(self) -> int:
+        return self.prompt_tokens - self.ideal_hit_tokens
+
+    @property
+    def ideal_hit_rate(self) -> float:
+        return self.ideal_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+@dataclass(frozen=True)
+class Sizing:
+    size: Any                       # the CompanionDemoSize to run
+    length_scale: float
+    think_scale: float              # multiplier applied to the base think_time_scale
+    estimate_s: float               # whole demo, calibration and server starts included
+    per_config_s: dict[str, float]
+    facts: WorkloadFacts
+    target_s: float
+    over_target: bool
+    overridden: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"length_scale": self.length_scale, "think_scale": self.think_scale,
+                "estimate_s": self.estimate_s, "per_config_s": self.per_config_s, "target_s": self.target_s,
+                "over_target": self.over_target, "overridden": list(self.overridden),
+                "conversations": self.size.conversations, "users": self.size.concurrency,
+                "requests": self.facts.requests, "prompt_tokens": self.facts.prompt_tokens,
+                "working_set_tokens": self.facts.working_set_tokens}
+
+
+FactsOf = Callable[[Any], WorkloadFacts]
+
+
+def max_model_len(size: CompanionLike) -> int:
+    """The engine's context limit for a size: the prompt cap + the generated tokens + a margin."""
+    return size.max_prompt_tokens + size.max_tokens + 64
+
+
+def engine_kv_tokens(size: CompanionLike, facts: WorkloadFacts) -> int:
+    """The engine's KV space in tokens: a fraction of the working set, at least one full request."""
+    return max(int(facts.working_set_tokens * size.engine_kv_fraction), max_model_len(size))
+
+
+def scaled(base: Any, length_scale: float, think_scale: float, conversations: int) -> Any:
+    """``base`` with token lengths x ``length_scale``, think times x ``think_scale`` and C conversations."""
+    g = length_scale
+    users = max(1, round(conversations * base.concurrency / base.conversations))
+    personas = max(1, min(conversations, round(conversations * base.personas / base.conversations)))
+    return dataclasses.replace(
+        base, conversations=conversations, concurrency=users, personas=personas,
+        system_tokens=max(16, round(base.system_tokens * g)), user_tokens=max(4, round(base.user_tokens * g)),
+        assistant_tokens=max(4, round(base.assistant_tokens * g)),
+        max_prompt_tokens=max(256, round(base.max_prompt_tokens * g)),
+        think_time_scale=base.think_time_scale * think_scale)
+
+
+def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, think_time_scale: float,
+                   hit_share: float) -> float:
+    """Estimated replay time of one configuration (see the module docstring)."""
+    if not facts.requests:
+        return 0.0
+    mean = facts.prompt_tokens / facts.requests
+    cached = mean * facts.ideal_hit_rate * hit_share
+    work = facts.requests * (profile.a + profile.extend_seconds(cached, mean - cached))
+    think = facts.think_s * think_time_scale
+    return SLACK * max(work, (work + think) / max(1, users))
+
+
+def estimate(profile: PrefillProfile, startup_s: float, size: CompanionLike,
+             facts: WorkloadFacts) -> tuple[float, dict[str, float]]:
+    per = {name: config_seconds(profile, facts, size.concurrency, size.think_time_scale, share)
+           for name, share in HIT_SHARE.items()}
+    return profile.elapsed_s + startup_s * (1 + len(per)) + sum(per.values()), per
+
+
+def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_s: float, facts_of: FactsOf, *,
+                   users: int | None = None, conversations: int | None = None) -> Sizing:
+    """Pick length scale and conversation count for about ``target_s`` (``users``/``conversations`` win)."""
+    s = profile.speed_factor()
+    g0 = min(1.0, max(MIN_LENGTH_SCALE, 1.0 / s))
+    scales = [g0] + [g for g in (0.8, 0.6, 0.5, 0.4, 0.3, 0.25, MIN_LENGTH_SCALE) if g < g0]
+    cache: dict[tuple[float, int], tuple[Any, WorkloadFacts]] = {}
+
+    def make(g: float, c: int) -> tuple[Any, WorkloadFacts]:
+        c = max(1, min(MAX_CONVERSATIONS, c))
+        if (g, c) not in cache:
+            size = scaled(base, g, s * g, c)
+            if users is not None:
+                size = dataclasses.replace(size, concurrency=users)
+            cache[(g, c)] = size, facts_of(size)
+        return cache[(g, c)]
+
+    def fits_engine(g: float, c: int) -> bool:
+        size, f = make(g, c)
+        return int(f.working_set_tokens * size.engine_kv_fraction) >= max_model_len(size)
+
+    def total(g: float, c: int) -> float:
+        size, f = make(g, c)
+        return estimate(profile, startup_s, size, f)[0]
+
+    chosen: tuple[float, int] | None = None
+    for g in scales:
+        if conversations is not None:
+            c = conversations
+            if total(g, c) <= target_s or g == scales[-1]:
+                chosen = (g, c)
+                break
+            continue
+        c = _largest_under(lambda c, g=g: total(g, c), target_s, base.conversations)
+        if c >= 1 and fits_engine(g, c):
+            chosen = (g, c)
+            break
+        if g == scales[-1]:
+            chosen = (g, _smallest(lambda c, g=g: fits_engine(g, c), max(c, 1)))
+    assert chosen is not None
+    g, c = chosen
+    size, f = make(g, c)
+    est, per = estimate(profile, startup_s, size, f)
+    over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
+    return Sizing(size=size, length_scale=g, think_scale=s * g, estimate_s=est, per_config_s=per, facts=f,
+                  target_s=target_s, over_target=est > target_s, overridden=tuple(over))
+
+
+def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int:
+    """Largest C in [1, MAX_CONVERSATIONS] with fn(C) <= target (fn grows with C); 0 if none."""
+    lo, hi = 0, None
+    c = max(1, start)
+    while True:                      # bracket: double or halve from the base size
+        if fn(c) <= target:
+            lo = c
+            if c >= MAX_CONVERSATIONS:
+                return c
+            nxt = min(MAX_CONVERSATIONS, c * 2)
+            if hi is not None and nxt >= hi:
+                break
+            c = nxt
+        else:
+            hi = c
+            if c == 1:
+                return 0
+            if lo:
+                break
+            c = max(1, c // 2)
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fn(mid) <= target else (lo, mid)
+    return lo
+
+
+def _smallest(pred: Callable[[int], bool], start: int) -> int:
+    """Smallest C >= ``start`` with pred(C) (pred false then true); MAX_CONVERSATIONS if never."""
+    c = start
+    while not pred(c):
+        if c >= MAX_CONVERSATIONS:
+            return MAX_CONVERSATIONS
+        c = min(MAX_CONVERSATIONS, c * 2)
+    lo, hi = max(start, c // 2), c
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if pred(mid) else (mid, hi)
+    return hi

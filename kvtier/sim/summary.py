@@ -1,0 +1,126 @@
+"""The simulator's summary: the same keys as ``kvtier bench run`` (``kvtier.bench.summary``),
+computed with numpy from per-request arrays, plus the hit rate per tier over time.
+
+A test holds ``summarize_sim`` to ``kvtier.bench.summary.summarize`` on the same records.
+Pure functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kvtier.bench.client import RequestRecord
+from kvtier.bench.summary import PROMPT_BUCKETS, bucket_label
+from kvtier.sim.scheduler import SimResult
+from kvtier.sim.trace import SimTrace
+
+TIER_KEYS = ("gpu", "ram", "ssd", "shared")
+
+
+def _lat(a: np.ndarray, prefix: str) -> dict[str, float | None]:
+    keys = ("mean", "p50", "p90", "p99", "max")
+    if a.size == 0:
+        return {f"{prefix}_{k}_s": None for k in keys}
+    p50, p90, p99 = np.percentile(a, [50, 90, 99])
+    return {f"{prefix}_mean_s": float(a.mean()), f"{prefix}_p50_s": float(p50), f"{prefix}_p90_s": float(p90),
+            f"{prefix}_p99_s": float(p99), f"{prefix}_max_s": float(a.max())}
+
+
+def _rate(cached: np.ndarray, prompt: np.ndarray) -> float | None:
+    total = int(prompt.sum())
+    return int(cached.sum()) / total if total else None
+
+
+def _group(m: np.ndarray, ok: np.ndarray, ttft, cached, prompt) -> dict[str, Any]:
+    g = m & ok
+    return {"requests": int(g.sum()), **_lat(ttft[g], "ttft"), "token_hit_rate": _rate(cached[g], prompt[g])}
+
+
+def summarize_sim(trace: SimTrace, res: SimResult, *, windows: int = 10,
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    sent, ok = res.sent, res.ok
+    prompt = trace.prompt_tokens
+    cached = res.cached_tokens
+    ttft = res.ttft_s
+    d = res.duration_s
+    failed = sent & ~ok
+    out: dict[str, Any] = {
+        "requests_total": int(sent.sum()), "requests_ok": int(ok.sum()), "requests_failed": int(failed.sum()),
+        "requests_timed_out": 0,
+        "errors_by_kind": ({"kv_cache_too_small": int(failed.sum())} if failed.any() else {}),
+        "duration_s": d,
+        "request_rate_per_s": int(ok.sum()) / d if d > 0 else None,
+        "output_tokens_per_s": float(res.output_tokens[ok].sum()) / d if d > 0 else None,
+        "prompt_tokens_total": int(prompt[ok].sum()),
+        "cached_tokens_total": int(cached[ok].sum()),
+        "cached_tokens_reported": bool(ok.any()),
+    }
+    out.update(_lat(ttft[ok], "ttft"))
+    out.update(_lat(res.e2e_s[ok], "e2e"))
+    m = ok & (res.output_tokens > 1)
+    gaps = (res.e2e_s[m] - ttft[m]) / (res.output_tokens[m] - 1)     # a request's mean inter-token gap
+    out.update(_lat(np.repeat(gaps, res.output_tokens[m] - 1), "itl"))
+    out["token_hit_rate"] = _rate(cached[ok], prompt[ok])
+    start = res.send_s
+    late = ok & (start >= d / 2)
+    out["token_hit_rate_last_half"] = _rate(cached[late], prompt[late])
+    out["first_turn"] = _group(sent & (trace.turn == 0), ok, ttft, cached, prompt)
+    out["later_turns"] = _group(sent & (trace.turn > 0), ok, ttft, cached, prompt)
+    buckets = {}
+    for lo, hi in PROMPT_BUCKETS:
+        m = ok & (prompt >= lo) & (prompt < (hi if hi is not None else np.iinfo(np.int64).max))
+        if m.any():
+            buckets[bucket_label(lo, hi)] = _group(m, ok, ttft, cached, prompt)
+    out["by_prompt_length"] = buckets
+    out["hit_rate_over_time"] = _windows(res, prompt, ok, windows, d)
+    if extra:
+        out.update(extra)
+    return out
+
+
+def _windows(res: SimResult, prompt: np.ndarray, ok: np.ndarray, windows: int, d: float) -> list[dict[str, Any]]:
+    """Per window of send time: token hit rate, mean TTFT and the hit rate served by each tier."""
+    window_s = d / windows if d > 0 and windows > 0 else 0.0
+    if not ok.any() or window_s <= 0:
+        return []
+    start = res.send_s
+    end = float(start[ok].max())
+    n = int(end // window_s) + 1
+    idx = np.where(ok, np.floor(np.nan_to_num(start, nan=0.0) / window_s), -1).astype(np.int64)
+    out = []
+    for i in range(n):
+        m = idx == i
+        tot = int(prompt[m].sum())
+        row: dict[str, Any] = {"t0_s": i * window_s, "t1_s": (i + 1) * window_s, "requests": int(m.sum()),
+                               "token_hit_rate": int(res.cached_tokens[m].sum()) / tot if tot else None,
+                               "ttft_mean_s": float(res.ttft_s[m].mean()) if m.any() else None}
+        row["tier_hit_rate"] = {k: (int(res.tier_tokens[k][m].sum()) / tot if tot else None) for k in TIER_KEYS}
+        out.append(row)
+    return out
+
+
+def tier_hit_rates(trace: SimTrace, res: SimResult) -> dict[str, float | None]:
+    """Share of all prompt tokens served by each tier (gpu = vLLM's own prefix cache)."""
+    ok = res.ok
+    tot = int(trace.prompt_tokens[ok].sum())
+    return {k: (int(res.tier_tokens[k][ok].sum()) / tot if tot else None) for k in TIER_KEYS}
+
+
+def to_records(trace: SimTrace, res: SimResult, limit: int | None = None) -> list[RequestRecord]:
+    """RequestRecords for the report's plots (optionally an even sample of ``limit``)."""
+    idx = np.flatnonzero(res.sent)
+    if limit is not None and len(idx) > limit:
+        idx = idx[np.linspace(0, len(idx) - 1, limit).astype(np.int64)]
+    conv_of = np.repeat(np.arange(trace.num_conversations), np.diff(trace.conv_offsets))
+    out = []
+    for r in idx.tolist():
+        okr = bool(res.ok[r])
+        out.append(RequestRecord(
+            conversation_id=trace.conv_ids[conv_of[r]], turn=int(trace.turn[r]), api="sim",
+            start_s=float(res.send_s[r]), ttft_s=float(res.ttft_s[r]) if okr else None,
+            e2e_s=float(res.e2e_s[r]) if okr else None, prompt_tokens=int(trace.prompt_tokens[r]),
+            cached_tokens=int(res.cached_tokens[r]), output_tokens=int(res.output_tokens[r]) if okr else None,
+            max_tokens=int(res.output_tokens[r]), error_kind=None if okr else "kv_cache_too_small"))
+    return out

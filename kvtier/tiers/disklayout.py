@@ -1,0 +1,156 @@
+"""The disk tier's on-disk layout and its ledger lock — one implementation, used by
+``DiskTier`` (kvtier/tiers/disk.py) and by ``kvtier fsck`` (kvtier/tiers/fsck.py).
+
+Layout under ``<disk.path>/<namespace.short_id()>/``::
+
+    namespace.json      the namespace fields (for humans and fsck)
+    ledger              8-byte used-bytes counter; flock on it serialises publish/delete
+    manifest            (key, parent) hint written at close (kvtier/tiers/manifest.py)
+    chunks/ab/<key hex>.kvc   published chunks (chunk.py format)
+    tmp/<key hex>.<pid>.<thread>.<n>.tmp    files being written
+
+Side-effect free except where a method says it touches the directory.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from kvtier.keys import ChunkKey
+
+SUFFIX = ".kvc"
+STALE_TMP_S = 3600.0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def is_dead_temp_file(entry: os.DirEntry) -> bool:
+    """A temp file ``<name>.<pid>...`` whose writer is another process that is gone, or that is
+    older than an hour (or whose name/stat cannot be read)."""
+    try:
+        pid = int(entry.name.split(".")[1])
+        stale = time.time() - entry.stat().st_mtime > STALE_TMP_S
+    except (IndexError, ValueError, OSError):
+        pid, stale = -1, True
+    return pid != os.getpid() and (stale or not _pid_alive(pid))
+
+
+@dataclass(frozen=True)
+class NamespaceDir:
+    """Paths of one namespace directory of a disk tier."""
+
+    root: Path
+
+    @property
+    def chunks(self) -> Path:
+        return self.root / "chunks"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / "tmp"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger"
+
+    @property
+    def manifest(self) -> Path:
+        return self.root / "manifest"
+
+    @property
+    def namespace_json(self) -> Path:
+        return self.root / "namespace.json"
+
+    @staticmethod
+    def all_under(path: Path) -> list["NamespaceDir"]:
+        """Every namespace directory of the disk tier at ``path`` (``store.disk.path``)."""
+        return [NamespaceDir(p) for p in sorted(path.iterdir()) if (p / "chunks").is_dir()]
+
+    def path_of(self, key: ChunkKey) -> str:
+        h = key.hex()
+        return f"{self.chunks}/{h[:2]}/{h}{SUFFIX}"
+
+    def scan(self) -> dict[ChunkKey, tuple[str, int, float]]:
+        """Published chunk files: key -> (path, size, mtime). Reads the directory only."""
+        found: dict[ChunkKey, tuple[str, int, float]] = {}
+        for sub in os.scandir(self.chunks):
+            if not sub.is_dir():
+                continue
+            for e in os.scandir(sub.path):
+                if not e.name.endswith(SUFFIX) or len(e.name) != 64 + len(SUFFIX):
+                    continue
+                try:
+                    st = e.stat()
+                    found[ChunkKey(bytes.fromhex(e.name[:64]))] = (e.path, st.st_size, st.st_mtime)
+                except (OSError, ValueError):
+                    continue
+        return found
+
+    def dead_temp_files(self) -> list[str]:
+        """Temp files whose writer is gone (see ``is_dead_temp_file``)."""
+        return [e.path for e in os.scandir(self.tmp) if is_dead_temp_file(e)]
+
+    def namespace_digest(self) -> bytes | None:
+        """The digest recorded in namespace.json (None if absent or unreadable)."""
+        try:
+            return bytes.fromhex(json.loads(self.namespace_json.read_text())["digest"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+
+class Ledger:
+    """The 8-byte used-bytes counter and the lock that serialises publish/delete across
+    processes (flock) and threads (a lock: flock is per open file, not per thread).
+    ``Ledger.open(path)`` opens (creates) the file; ``close()`` releases it."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._xlock = threading.Lock()
+
+    @classmethod
+    def open(cls, path: Path) -> "Ledger":
+        return cls(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Exclusive across threads and processes."""
+        with self._xlock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def read(self) -> int:
+        """Bytes used (0 for an empty/new ledger). Hold ``locked()`` for a consistent value."""
+        raw = os.pread(self._fd, 8, 0)
+        return int.from_bytes(raw, "little") if len(raw) == 8 else 0
+
+    def read_raw(self) -> int | None:
+        """Like ``read`` but None when the file does not hold 8 bytes (fsck reports it)."""
+        raw = os.pread(self._fd, 8, 0)
+        return int.from_bytes(raw, "little") if len(raw) == 8 else None
+
+    def write(self, used: int) -> None:
+        os.pwrite(self._fd, max(used, 0).to_bytes(8, "little"), 0)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1

@@ -1,0 +1,174 @@
+"""File I/O of the shared-filesystem tier, on its own daemon threads.
+
+A call into a FUSE or NFS mount can block uninterruptibly while the mount is stalled, so
+the shared tier never uses the process-wide pools (``diskio``'s helper pool serves the
+local SSD tier, ``concurrent.futures`` joins its threads at interpreter exit): it runs
+every syscall on a ``DaemonPool`` of fixed size, so a stall holds at most that many
+threads and never blocks exit or the local tiers. Reads land in a pool-owned bounce
+buffer and are copied to the caller only while the caller still waits (a stalled read
+that completes late never writes into a buffer the caller has reused).
+
+Side-effect free except the functions' documented file operations.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import queue
+import threading
+from typing import Callable
+
+from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, pack_trailer,
+                          verify_digest)
+
+MIN_FILE = HEADER_SIZE + TRAILER_SIZE
+_tls = threading.local()
+
+
+class DaemonPool:
+    """``threads`` daemon threads behind an unbounded FIFO; ``submit`` never blocks.
+
+    Callers bound the backlog themselves (``backlog()``): a job stuck in a stalled mount
+    keeps its thread, and jobs queued behind it wait."""
+
+    def __init__(self, threads: int, name: str) -> None:
+        self._q: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self.size = threads
+        self._name = name
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._pending = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("pool is closed")
+            if not self._threads:
+                for i in range(self.size):
+                    t = threading.Thread(target=self._run, name=f"{self._name}-{i}", daemon=True)
+                    t.start()
+                    self._threads.append(t)
+            self._pending += 1
+        self._q.put(fn)
+
+    def backlog(self) -> int:
+        """Jobs submitted and not finished (running or queued)."""
+        return self._pending
+
+    def _run(self) -> None:
+        while True:
+            fn = self._q.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except Exception:   # jobs report their own failures; a thread never dies
+                pass
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+    def close(self) -> None:
+        """Ask the threads to stop after their current job; never waits (a thread may be stuck)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for _ in self._threads:
+            self._q.put(None)
+
+
+def bounce(size: int) -> memoryview:
+    """This thread's scratch buffer of at least ``size`` bytes (grown on demand, reused)."""
+    buf: mmap.mmap | None = getattr(_tls, "buf", None)
+    if buf is None or len(buf) < size:
+        if buf is not None:
+            _tls.view.release()
+            buf.close()
+        buf = mmap.mmap(-1, max(size, 1 << 16))
+        _tls.buf, _tls.view = buf, memoryview(buf)
+    return _tls.view
+
+
+def probe_write(path: str) -> None:
+    """Create and remove an empty file (is the mount writable?). Raises OSError (EROFS, ...)."""
+    with open(path, "w"):
+        pass
+    os.unlink(path)
+
+
+def stat_chunk(path: str) -> int | None:
+    """The file's mtime (ns) if a plausible chunk file is there, None if absent or too short.
+    Raises OSError for anything but "not there" (the caller tells a down mount from a fault)."""
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return st.st_mtime_ns if st.st_size >= MIN_FILE else None
+
+
+def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tuple[ChunkMeta, memoryview, int]:
+    """Read and verify one chunk file into this thread's bounce buffer.
+
+    Returns (meta, payload view into the bounce buffer, mtime ns). Raises FileNotFoundError
+    / OSError, ChunkError (torn, corrupt, wrong_key, ...), or ValueError when a well-formed
+    chunk's payload exceeds ``limit`` bytes (the caller's buffer)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        if size < MIN_FILE:
+            raise ChunkError("torn", f"file is {size} bytes")
+        plen = size - MIN_FILE
+        buf = bounce(size)
+        if plen > limit:
+            head = buf[:HEADER_SIZE]
+            if os.preadv(fd, [head], 0) < HEADER_SIZE:
+                raise ChunkError("torn", "short header")
+            if decode_header(head, namespace_digest, key).payload_len != plen:
+                raise ChunkError("torn", f"file is {size} bytes, header disagrees")
+            raise ValueError(f"output buffer has {limit} bytes, chunk needs {plen}")
+        view, got = buf[:size], 0
+        while got < size:
+            n = os.preadv(fd, [view[got:]], got)
+            if n == 0:
+                break
+            got += n
+        if got != size:
+            raise ChunkError("torn", f"read {got} of {size} bytes")
+        head, payload, trailer = view[:HEADER_SIZE], view[HEADER_SIZE:HEADER_SIZE + plen], view[HEADER_SIZE + plen:]
+        meta = decode_header(head, namespace_digest, key)
+        if meta.payload_len != plen:
+            raise ChunkError("torn", f"file holds {plen} payload bytes, header says {meta.payload_len}")
+        verify_digest(trailer, None)
+        verify_digest(trailer, checksum(head, payload))
+        return meta, payload, st.st_mtime_ns
+    finally:
+        os.close(fd)
+
+
+def write_chunk(tmp: str, header: bytes | bytearray, payload: memoryview, *, fsync: bool, stamp_ns: int) -> None:
+    """Create ``tmp`` (O_EXCL) holding header region + payload + trailer, with mtime ``stamp_ns``.
+    Raises OSError; the caller removes the partial file and renames a complete one into place."""
+    trailer = pack_trailer(checksum(header, payload))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        parts = [memoryview(header), payload, memoryview(trailer)]
+        parts = [p for p in parts if len(p)]
+        while parts:
+            n = os.writev(fd, parts)
+            while parts and n >= len(parts[0]):
+                n -= len(parts[0])
+                parts.pop(0)
+            if parts and n:
+                parts[0] = parts[0][n:]
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.utime(tmp, ns=(stamp_ns, stamp_ns))
+
+
+__all__ = ["DaemonPool", "MIN_FILE", "bounce", "probe_write", "read_chunk", "stat_chunk", "write_chunk"]

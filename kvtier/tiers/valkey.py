@@ -1,0 +1,444 @@
+"""The Valkey / Redis shared tier (standalone or cluster), through valkey-py.
+
+Layout: one value per chunk, key ``<prefix>:<namespace id>:{<chunk key hex>}``, holding the same
+verified chunk format as the disk tier (``kvtier.chunk``: 4 KiB header + payload + xxh3 trailer).
+The braces are a hash tag: every key kvtier derives for a chunk lands in the chunk's slot, while
+successive chunks of a prompt still spread over the cluster's nodes.
+
+Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
+
+* **Atomic visibility.** A chunk is one ``SET``: a reader sees all of it or nothing. There is no
+  separate marker that could outlive its data; a chunk found by ``longest_prefix`` and evicted before
+  the read is a counted miss (``missing``).
+* **Never wrong bytes.** Every value is verified (magic, version, namespace, key, length, checksum)
+  before one byte reaches the caller's buffer; a bad value is a miss, counted under its kind, and
+  deleted.
+* **One round trip per batch** (per node in cluster mode): existence checks are one pipeline of
+  ``EXISTS``; reads/writes are pipelines of ``GET``/``SET`` in windows of at most ``WINDOW_BYTES``.
+* **Deadlines.** Existence checks use a client whose socket timeout is ``lookup_timeout_s``, reads
+  and writes one with ``io_timeout_s``; no client retries. Down / timeout / full become
+  ``UNAVAILABLE`` / ``False`` plus an event counted once per burst (``kvtier.tiers.bursts``).
+  A dropped connection is replaced on the next call: the tier reconnects by itself.
+* **Eviction is the server's.** Run the server with ``maxmemory`` and ``maxmemory-policy allkeys-lru``
+  (or ``allkeys-lfu``); with ``noeviction`` a full server rejects writes (``full`` events, reads go
+  on). Optional ``ttl_s`` expires chunks. The open-time probe logs the server's policy once.
+* **Limits at open.** ``proto-max-bulk-len`` (CONFIG GET; 512 MiB when CONFIG is not allowed) is the
+  ``max_chunk_bytes`` capability: the store refuses larger chunks at start with one line.
+* **Credentials** come from the config (``username`` / ``password``, a ``SecretStr``) or its
+  environment overlay, never from logs: messages name host and port only. A refused password at
+  open disables the tier (one error line, ``auth_failed`` event, every call ``UNAVAILABLE``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Iterable, Sequence
+
+from kvtier.chunk import (ChunkError, ChunkMeta, checksum, decode, encode_header, file_size,
+                          pack_trailer)
+from kvtier.config import ValkeyConfig
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.metrics import Telemetry
+from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.bursts import Bursts
+from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
+from kvtier.tiers.valkey_conn import Connections, fault_kind, require_client, short
+
+log = logging.getLogger("kvtier.valkey")
+
+WINDOW_BYTES = 64 * 2**20        # most bytes in one read/write pipeline
+DEFAULT_MAX_BULK = 512 * 2**20   # Valkey's default proto-max-bulk-len
+_USAGE_EVERY_S = 10.0
+
+
+def set_pieces(ns_digest: bytes, rk: bytes, meta: ChunkMeta, payload: memoryview, px: int | None) -> list:
+    """A RESP ``SET rk <chunk> [PX ms]`` as socket pieces: the payload goes out of the caller's buffer
+    as is (no copy); header and trailer ride in small byte strings around it."""
+    header = encode_header(ns_digest, meta)
+    trailer = pack_trailer(checksum(header, payload))
+    n = 5 if px else 3
+    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(rk), rk, file_size(meta.payload_len))
+    tail = trailer + b"\r\n"
+    if px:
+        ms = str(px).encode()
+        tail += b"$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ms), ms)
+    return [head + bytes(header), payload, tail] if len(payload) else [head + bytes(header) + tail]
+
+
+def send_sets(client: Any, commands: list[list]) -> list[Any]:
+    """Send packed commands on one pooled connection and read one reply each (error replies are
+    returned, not raised). A transport error drops the connection (the next call reconnects)."""
+    pool = client.connection_pool
+    conn = pool.get_connection("SET")
+    try:
+        conn.send_packed_command([piece for cmd in commands for piece in cmd], check_health=False)
+        replies: list[Any] = []
+        for _ in commands:
+            try:
+                replies.append(conn.read_response())
+            except Exception as exc:
+                if not _is_reply_error(exc):
+                    raise
+                replies.append(exc)
+        return replies
+    except BaseException:
+        conn.disconnect()
+        raise
+    finally:
+        pool.release(conn)
+
+
+def _is_reply_error(exc: BaseException) -> bool:
+    import valkey
+
+    return isinstance(exc, valkey.ResponseError)
+
+
+class ValkeyTier(Tier):
+    """See the module docstring. Construct with ``open``; thread-safe."""
+
+    name = "valkey"
+
+    def __init__(self, cfg: ValkeyConfig, namespace: Namespace, telemetry: Telemetry,
+                 conns: Connections) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self._ns = namespace.digest()
+        self._prefix = f"{cfg.key_prefix}:{namespace.short_id()}:".encode()
+        self._tm = telemetry
+        self._bursts = Bursts(telemetry, self.name)
+        self._conns = conns
+        self._disabled: str | None = None
+        self._limits_known = False
+        self._usage = TierUsage(0, 0, 0)
+        self._usage_at = 0.0
+        self._lock = threading.Lock()
+        self.capabilities = Capabilities(shared=True, evicts_itself=True, complete_index=False,
+                                         local_budget=False, max_chunk_bytes=DEFAULT_MAX_BULK)
+
+    @classmethod
+    def open(cls, cfg: ValkeyConfig, namespace: Namespace, telemetry: Telemetry) -> "ValkeyTier":
+        """Connect lazily and probe the server's limits once (bounded by ``lookup_timeout_s``). An absent
+        server is not an error (the tier answers UNAVAILABLE until it is back); refused credentials
+        disable the tier with one error line."""
+        require_client()
+        tier = cls(cfg, namespace, telemetry, Connections(cfg))
+        tier._probe(at_open=True)
+        return tier
+
+    @property
+    def where(self) -> str:
+        return self.cfg.url.split("@")[-1]
+
+    # -- probing ---------------------------------------------------------------------------
+    def _probe(self, at_open: bool = False) -> None:
+        try:
+            limits, policies, maxmem = [], set(), []
+            for node in self._conns.all_nodes("lookup"):
+                pipe = node.pipeline(transaction=False)
+                pipe.config_get("proto-max-bulk-len")
+                pipe.config_get("maxmemory*")
+                bulk, mem = pipe.execute(raise_on_error=False)
+                if isinstance(bulk, dict) and "proto-max-bulk-len" in bulk:
+                    limits.append(int(bulk["proto-max-bulk-len"]))
+                if isinstance(mem, dict):
+                    policies.add(mem.get("maxmemory-policy", "?"))
+                    maxmem.append(int(mem.get("maxmemory", 0) or 0))
+        except Exception as exc:
+            kind = fault_kind(exc)
+            if kind == "auth_failed" and at_open:
+                self._disabled = "the server refused the credentials"
+                log.error("kvtier valkey tier at %s disabled: the server refused the credentials (%s)",
+                          self.where, type(exc).__name__)
+                self._tm.event("auth_failed", self.name, f"{self.where}: credentials refused; tier disabled")
+            elif at_open:
+                log.warning("kvtier valkey tier: %s not reachable at start (%s); answering 'unavailable' "
+                            "until it is", self.where, short(exc))
+                self._bursts.fault(kind, f"{self.where} at open: {short(exc)}")
+            return
+        self._limits_known = True
+        if limits:
+            self.capabilities = Capabilities(shared=True, evicts_itself=True, complete_index=False,
+                                             local_budget=False, max_chunk_bytes=min(limits))
+        if at_open and (policies & {"noeviction"} or (maxmem and min(maxmem) == 0)):
+            log.warning("kvtier valkey tier at %s: maxmemory=%s policy=%s: the server will not evict chunks "
+                        "(set maxmemory and maxmemory-policy allkeys-lru)", self.where,
+                        min(maxmem) if maxmem else "?", ",".join(sorted(policies)) or "?")
+
+    def _rk(self, key: ChunkKey) -> bytes:
+        return self._prefix + b"{" + key.hex().encode() + b"}"
+
+    def _failed(self, exc: BaseException, what: str) -> str:
+        kind = fault_kind(exc)
+        if kind in ("down", "timeout", "moved"):
+            self._conns.node_failed()
+        self._bursts.fault(kind, f"{what} at {self.where}: {short(exc)}")
+        return kind
+
+    # -- batched calls -----------------------------------------------------------------------
+    def longest_prefix(self, keys: Sequence[ChunkKey], deadline: Deadline) -> PrefixResult:
+        """One pipeline of EXISTS (per node); UNAVAILABLE if the first unknown key precedes a miss."""
+        if not keys:
+            return PrefixResult(0, Status.HIT)
+        if self._disabled or deadline.expired():
+            return PrefixResult(0, Status.UNAVAILABLE)
+        rks = [self._rk(k) for k in keys]
+        known: list[bool | None] = [None] * len(keys)
+        try:
+            groups = self._conns.groups("lookup", rks)
+        except Exception as exc:
+            self._failed(exc, "lookup")
+            return PrefixResult(0, Status.UNAVAILABLE)
+        for g in groups:
+            if deadline.expired():
+                break
+            try:
+                pipe = g.client.pipeline(transaction=False)
+                for i in g.index:
+                    pipe.exists(rks[i])
+                for i, v in zip(g.index, pipe.execute()):
+                    known[i] = bool(v)
+            except Exception as exc:
+                self._failed(exc, "lookup")
+        if any(v is not None for v in known):
+            self._bursts.ok()
+        n = 0
+        for v in known:
+            if v is None:
+                return PrefixResult(n, Status.UNAVAILABLE)
+            if not v:
+                return PrefixResult(n, Status.MISS)
+            n += 1
+        return PrefixResult(n, Status.HIT)
+
+    def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
+                  deadline: Deadline) -> list[ReadResult]:
+        """Pipelined GETs (windows of ``WINDOW_BYTES`` by buffer size), each value verified, then copied."""
+        n = len(keys)
+        if self._disabled:
+            return [ReadResult.unavailable("disabled")] * n
+        views = [as_byte_view(o, writable=True) for o in outs]
+        rks = [self._rk(k) for k in keys]
+        res: list[ReadResult | None] = [None] * n
+        bad: list[bytes] = []
+        try:
+            groups = self._conns.groups("io", rks)
+        except Exception as exc:
+            kind = self._failed(exc, "read")
+            return [ReadResult.unavailable(kind)] * n
+        for g in groups:
+            failed: str | None = None
+            for window in _windows(g.index, [len(views[i]) for i in g.index]):
+                if failed is None and deadline.expired():
+                    failed = "timeout"
+                if failed is not None:
+                    for i in window:
+                        res[i] = ReadResult.unavailable(failed)
+                    continue
+                try:
+                    pipe = g.client.pipeline(transaction=False)
+                    for i in window:
+                        pipe.get(rks[i])
+                    values = pipe.execute()
+                except Exception as exc:
+                    failed = self._failed(exc, "read")
+                    for i in window:
+                        res[i] = ReadResult.unavailable(failed)
+                    continue
+                self._bursts.ok()
+                for i, value in zip(window, values):
+                    res[i] = self._verify_into(keys[i], value, views[i], bad, rks[i])
+        if bad:
+            self._delete_raw(bad)
+        return [r if r is not None else ReadResult.unavailable("timeout") for r in res]
+
+    def _verify_into(self, key: ChunkKey, value: Any, out: memoryview, bad: list[bytes], rk: bytes) -> ReadResult:
+        if value is None:
+            self._tm.event("missing", self.name, f"{key.hex()[:16]} absent (evicted or expired)")
+            return ReadResult.miss("absent")
+        try:
+            meta, payload = decode(self._ns, value, expect_key=key)
+        except ChunkError as e:
+            self._tm.event(e.kind, self.name, f"{key.hex()[:16]}: {e}")
+            bad.append(rk)
+            return ReadResult.miss(e.kind)
+        if meta.payload_len > len(out):
+            self._tm.event("wrong_size", self.name, f"{key.hex()[:16]}: {meta.payload_len} B > buffer {len(out)} B")
+            return ReadResult.miss("wrong_size")
+        out[:meta.payload_len] = payload
+        return ReadResult.hit(meta)
+
+    def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:
+        """Pipelined SETs (one value per chunk, optional PX ttl); synchronous: every item's ``release`` and
+        ``on_done`` run before this returns."""
+        ok = [False] * len(items)
+        released = [False] * len(items)
+        try:
+            if self._disabled:
+                return ok
+            if not self._limits_known:
+                self._probe()
+            limit = self.capabilities.max_chunk_bytes or DEFAULT_MAX_BULK
+            todo = []
+            for i, it in enumerate(items):
+                if file_size(it.meta.payload_len) > limit:
+                    self._bursts.fault("too_large", f"chunk of {file_size(it.meta.payload_len)} B > server "
+                                       f"proto-max-bulk-len {limit} B")
+                else:
+                    todo.append(i)
+            rks = [self._rk(items[i].meta.key) for i in todo]
+            try:
+                groups = self._conns.groups("io", rks)
+            except Exception as exc:
+                self._failed(exc, "write")
+                return ok
+            px = int(self.cfg.ttl_s * 1000) if self.cfg.ttl_s else None
+            for g in groups:
+                pos = [todo[j] for j in g.index]
+                rk_of = {todo[j]: rks[j] for j in g.index}
+                failed = False
+                for window in _windows(pos, [file_size(items[i].meta.payload_len) for i in pos]):
+                    if failed:
+                        break
+                    cmds = [set_pieces(self._ns, rk_of[i], items[i].meta, as_byte_view(items[i].payload), px)
+                            for i in window]
+                    try:
+                        answers = send_sets(g.client, cmds)
+                    except Exception as exc:
+                        self._failed(exc, "write")
+                        failed = True
+                        continue
+                    finally:
+                        for i in window:
+                            _release(items, released, i)
+                    self._bursts.ok()
+                    for i, a in zip(window, answers):
+                        if isinstance(a, Exception):
+                            self._failed(a, "write")
+                        else:
+                            ok[i] = a in (True, b"OK", "OK")
+            self._maybe_usage()
+            return ok
+        finally:
+            for i in range(len(items)):
+                _release(items, released, i)
+                if on_done is not None:
+                    on_done(items[i].meta.key, ok[i])
+
+    def delete_many(self, keys: Iterable[ChunkKey]) -> int:
+        return self._delete_raw([self._rk(k) for k in keys])
+
+    def _delete_raw(self, rks: list[bytes]) -> int:
+        if not rks or self._disabled:
+            return 0
+        n = 0
+        try:
+            for g in self._conns.groups("io", rks):
+                pipe = g.client.pipeline(transaction=False)
+                for i in g.index:
+                    pipe.delete(rks[i])
+                n += sum(int(v) for v in pipe.execute(raise_on_error=False) if isinstance(v, int))
+        except Exception as exc:
+            self._failed(exc, "delete")
+        return n
+
+    def _maybe_usage(self) -> None:
+        now = time.monotonic()
+        if now - self._usage_at < _USAGE_EVERY_S:
+            return
+        self._usage_at = now
+        used = cap = count = 0
+        try:
+            for node in self._conns.all_nodes("lookup"):
+                pipe = node.pipeline(transaction=False)
+                pipe.info("memory")
+                pipe.dbsize()
+                info, size = pipe.execute()
+                used += int(info.get("used_memory", 0))
+                cap += int(info.get("maxmemory", 0))
+                count += int(size)
+        except Exception:
+            return
+        self._usage = TierUsage(used, max(cap, used), count)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return True
+
+    def usage(self) -> TierUsage:
+        """The servers' used_memory / maxmemory / key count, sampled at most every 10 s during writes
+        (no I/O here)."""
+        return self._usage
+
+    def close(self) -> None:
+        self._conns.close()
+
+    # -- per-key calls, on top of the batched ones ---------------------------------------------
+    def contains(self, key: ChunkKey) -> bool:
+        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
+
+    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
+        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
+        return r.meta if r.ok else None
+
+    def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
+        if self._disabled:
+            return None
+        try:
+            value = self._conns.groups("io", [self._rk(key)])[0].client.get(self._rk(key))
+        except Exception as exc:
+            self._failed(exc, "read")
+            return None
+        if value is None:
+            return None
+        try:
+            meta, payload = decode(self._ns, value, expect_key=key)
+        except ChunkError as e:
+            self._tm.event(e.kind, self.name, f"{key.hex()[:16]}: {e}")
+            self._delete_raw([self._rk(key)])
+            return None
+        return meta, memoryview(bytearray(payload))
+
+    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
+        return self.write([WriteItem(meta, memoryview(payload))])[0]
+
+    def delete(self, key: ChunkKey) -> bool:
+        return self.delete_many([key]) == 1
+
+    def keys(self) -> list[ChunkKey]:
+        return []  # no local index: the server is the index
+
+    def children(self, key: ChunkKey) -> list[ChunkKey]:
+        return []
+
+    def holds(self, key: ChunkKey) -> bool:
+        return False
+
+    def has_children(self, key: ChunkKey) -> bool:
+        return False
+
+
+def _windows(index: list[int], sizes: list[int]) -> Iterable[list[int]]:
+    """Split ``index`` into runs whose ``sizes`` sum to at most WINDOW_BYTES (at least one each)."""
+    run: list[int] = []
+    total = 0
+    for i, size in zip(index, sizes):
+        if run and total + size > WINDOW_BYTES:
+            yield run
+            run, total = [], 0
+        run.append(i)
+        total += size
+    if run:
+        yield run
+
+
+def _release(items: Sequence[WriteItem], released: list[bool], i: int) -> None:
+    if not released[i]:
+        released[i] = True
+        rel = items[i].release
+        if rel is not None:
+            try:
+                rel()
+            except Exception:
+                log.exception("kvtier valkey: a write item's release() raised")
