@@ -126,6 +126,16 @@ class TieredStore:
         """The tier called ``name`` (tests, tools); the data path never asks for one by name."""
         return next((t for t in self.tiers if t.name == name), None)
 
+    @property
+    def memory(self) -> Tier | None:
+        """``tier("memory")`` (tests, tools; not used by the data path)."""
+        return self.tier("memory")
+
+    @property
+    def disk(self) -> Tier | None:
+        """``tier("disk")`` (tests, tools; not used by the data path)."""
+        return self.tier("disk")
+
     # -- events ------------------------------------------------------------------------------
     def subscribe(self, listener: StoreListener) -> Callable[[], None]:
         """Call ``listener(StoreEvent)`` (from any thread; it must not block) on every change of the
