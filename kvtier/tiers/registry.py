@@ -45,14 +45,18 @@ def open_tiers(config: StoreConfig, namespace: Namespace, telemetry: Telemetry) 
         tier = build(config, namespace, telemetry)
         if tier is not None:
             tiers[name] = tier
-    return wrap_faults(config, namespace, telemetry, tiers)
+    wrapped = wrap_faults(config, namespace, telemetry, list(tiers.values()))
+    return {t.name: t for t in wrapped}
 
 
-def wrap_faults(config: StoreConfig, namespace: Namespace, telemetry: Telemetry,
-                tiers: dict[str, Tier]) -> dict[str, Tier]:
-    """``store.faults`` (a drill): wrap the named tier in ``kvtier.tiers.faulty.FaultyTier``."""
+def wrap_faults(config: StoreConfig, namespace: Namespace, telemetry: Telemetry, tiers: list[Tier]) -> list[Tier]:
+    """``store.faults`` (a drill): the tier it names (``memory``, ``disk``, or the ``shared`` one)
+    wrapped in ``kvtier.tiers.faulty.FaultyTier``; the list unchanged without ``store.faults``."""
     f = config.faults
-    if f is None or f.wraps not in tiers:
+    if f is None:
         return tiers
     from kvtier.tiers.faulty import FaultyTier   # lazy: only drills import it
-    return {**tiers, f.wraps: FaultyTier.wrap(tiers[f.wraps], f, namespace, telemetry)}
+
+    def named(t: Tier) -> bool:
+        return t.capabilities.shared if f.wraps == "shared" else t.name == f.wraps
+    return [FaultyTier.wrap(t, f, namespace, telemetry) if named(t) else t for t in tiers]
