@@ -100,6 +100,19 @@ class MooncakeCluster:
         wait_until(lambda: "READY" in log.read_text(errors="replace"), timeout, "mooncake pool owner",
                    self.owner, log)
 
+    def key_count(self) -> int:
+        """Objects the master knows (its ``master_key_count`` metric); -1 if it does not answer."""
+        import urllib.request
+
+        try:
+            text = urllib.request.urlopen(f"http://{HOST}:{self.metrics_port}/metrics", timeout=2).read().decode()
+        except OSError:
+            return -1
+        for line in text.splitlines():
+            if line.startswith("master_key_count "):
+                return int(float(line.split()[1]))
+        return -1
+
     def pause(self) -> None:
         """SIGSTOP the master and the pool owner: RPCs and transfers stall (sockets stay open)."""
         signal_proc(self.master, signal.SIGSTOP)
