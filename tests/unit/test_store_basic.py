@@ -83,7 +83,7 @@ def test_write_back_demotes_on_ram_eviction(tmp_path: Path) -> None:
             for c, keys in enumerate(chains):
                 assert all(put_chain(s, keys, start=10 * c))
                 s.flush(10)
-                on_disk.append(s.disk.usage().num_chunks)
+                on_disk.append(s.tier("disk").usage().num_chunks)
             seen[policy] = on_disk
             for c, keys in enumerate(chains):              # every chunk still served, exact
                 assert s.lookup(keys).num_chunks == 2
@@ -120,7 +120,7 @@ def test_namespaces_never_mix(tmp_path: Path) -> None:
     with TieredStore.open(cfg(tmp_path, mem_chunks=0), NS) as s:
         put_chain(s, mine)
         s.flush(10)
-        src = s.disk.path_of(mine[0])
+        src = s.tier("disk").path_of(mine[0])
     with TieredStore.open(cfg(tmp_path, mem_chunks=0), other) as s:
         ks = chunk_keys(other, toks)
         assert s.lookup(ks).num_chunks == 0 and s.get(ks[0]) is None
@@ -128,10 +128,10 @@ def test_namespaces_never_mix(tmp_path: Path) -> None:
         ev = s.stats()["counters"]
         assert ev.get("events.foreign_namespace") == 1   # the other namespace in the directory: counted
         # a chunk of NS planted under other's key (a mixed-up copy, a bug): refused by the header check
-        dst = s.disk.path_of(ks[0])
+        dst = s.tier("disk").path_of(ks[0])
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         shutil.copyfile(src, dst)
-        s.disk.rescan()
+        s.tier("disk").rescan()
         assert s.get(ks[0]) is None and s.get_into(ks[0], bytearray(P)) is None
         assert s.stats()["counters"].get("events.namespace_mismatch") == 1
         assert not os.path.exists(dst)                   # removed, never served
