@@ -27,10 +27,12 @@ _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.j
 def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str) -> None:
     import importlib
 
+    from kvtier.bench.replay import ReplayError
     from kvtier.demo.calibrate import CalibrationError
     from kvtier.demo.common import DemoError, console, model_facts, results_dir, write_json
     from kvtier.model import ModelError, ensure_model
     from kvtier.server import ServerError
+    from kvtier.workload.tokens import TokenizerError
 
     choice = resolve_cli_dtype(dtype)   # said once on stderr; a bad name is a usage error
     module = importlib.import_module(f"kvtier.demo.{name}")
@@ -40,7 +42,7 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str) 
         folder = results_dir(out, f"demo-{name}")
         console.print(f"results folder: {folder.resolve()}")
         figures = module.run(module.QUICK if opts.quick else module.DEFAULT, folder, facts, opts)
-    except (DemoError, CalibrationError, ModelError, ServerError, OSError) as e:
+    except (DemoError, CalibrationError, ModelError, ReplayError, ServerError, TokenizerError, OSError) as e:
         typer.echo(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
         raise typer.Exit(1)
     if json_path is not None:

@@ -162,7 +162,7 @@ def server_prefill_timer(url: str, request_timeout_s: float = 600.0) -> TimePref
     """A timing function: TTFT of a fresh random token-id prompt on the server at ``url``
     (1 output token, streaming client). Start the server with prefix caching off."""
     from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayOptions, replay_conversations
+    from kvtier.bench.replay import ReplayError, ReplayOptions, replay_conversations
     from kvtier.workload.format import Conversation, Turn
 
     calls = {"n": 0}
@@ -173,7 +173,10 @@ def server_prefill_timer(url: str, request_timeout_s: float = 600.0) -> TimePref
             prompt_token_ids=random_prompt(tokens, seed=calls["n"]), max_tokens=1)])
         opts = ReplayOptions(mode="closed", concurrency=1, progress=False,
                              client=ClientOptions(request_timeout_s=request_timeout_s))
-        rec = asyncio.run(replay_conversations([conv], url, opts)).records[0]
+        try:
+            rec = asyncio.run(replay_conversations([conv], url, opts)).records[0]
+        except ReplayError as e:
+            raise CalibrationError(f"calibration request of {tokens} tokens failed: {e}") from None
         if rec.error_kind or rec.ttft_s is None:
             raise CalibrationError(f"calibration request of {tokens} tokens failed: {rec.error_kind}: {rec.error}")
         return rec.ttft_s

@@ -81,6 +81,9 @@ QUICK = CompanionDemoSize(conversations=12, turns_mean=6.0, turns_max=12, person
 def _spec(size: CompanionDemoSize):
     from kvtier.workload.companion import CompanionSpec
 
+    if size.turns_mean >= (1 + size.turns_max) / 2:   # the generator's rejection loop would never end
+        raise DemoError(f"turns mean {size.turns_mean} must be below (1 + turns max {size.turns_max}) / 2")
+
     spec = CompanionSpec(conversations=size.conversations, turns_mean=size.turns_mean,
                          turns_max=size.turns_max, personas=size.personas, system_tokens=size.system_tokens,
                          max_prompt_tokens=size.max_prompt_tokens, user_tokens=size.user_tokens,
@@ -164,8 +167,8 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
     from kvtier.workload.tokens import load_tokenizer
 
     console.rule("[bold]kvtier demo: AI-companion multi-turn chat")
-    tokenizer = tokenizer or load_tokenizer(facts.path)
     cal = calibration or obtain_calibration(facts, out, opts.calibration, start_server)
+    tokenizer = tokenizer or load_tokenizer(facts.path)
     with console.status("sizing the workload to this machine"):
         sizing = choose_size(base, opts, cal, tokenizer)
     size = sizing.size
@@ -200,6 +203,8 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
     ram_s = (by_name["kvtier-ram"].get("summary") or {})
     figures = {
         "complete": same.complete, **same.to_dict(),
+        "compared": {r["name"]: {k: (r["summary"] or {}).get(k) for k in ("requests_ok", "ttft_mean_s", "ttft_p90_s",
+                                                                         "token_hit_rate")} for r in rows},
         "speedup_mean_ttft": ratio(van.get("ttft_mean_s"), ssd_s.get("ttft_mean_s")),
         "ram_only_speedup": ratio(van.get("ttft_mean_s"), ram_s.get("ttft_mean_s")),
         "token_hit_rate": ssd_s.get("token_hit_rate"),

@@ -36,6 +36,8 @@ MAX_CONVERSATIONS = 256
 HIT_SHARE = {"vanilla": 0.35, "kvtier-ram": 0.7, "kvtier-ram-ssd": 1.0}
 #: per-configuration slack over the estimate (scheduling, decode steps, HTTP)
 SLACK = 1.15
+#: an estimate up to this x the target is "about" the target (no warning)
+OVER_TARGET = 1.1
 
 
 class CompanionLike(Protocol):
@@ -181,7 +183,7 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
     est, per = estimate(profile, startup_s, size, f)
     over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
     return Sizing(size=size, length_scale=g, think_scale=s * g, estimate_s=est, per_config_s=per, facts=f,
-                  target_s=target_s, over_target=est > target_s, overridden=tuple(over))
+                  target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over))
 
 
 def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int:

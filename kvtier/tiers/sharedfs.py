@@ -37,6 +37,7 @@ from kvtier.tiers.sharedfs_janitor import Janitor
 from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, BurstEvents, Layout, Stamps
 
 OK, READ_ONLY, DOWN = "ok", "read_only", "down"
+COPY_MARGIN_S = 0.05    # batched calls give up this much before their deadline (never past it)
 BAD_GRACE_S = 10.0      # a file failing verification is removed once renamed into place this long ago
 
 
@@ -209,9 +210,13 @@ class SharedFsTier(Tier):
     def _wait(self, b: _Batch, deadline: Deadline) -> bool:
         """Wait until the batch is complete or the deadline; then mark it abandoned and wait out
         copies in progress (memcpy, never I/O). Returns whether it completed."""
+        if deadline.at == float("inf"):
+            timeout = None
+        else:     # stop a little early: a wrapper waiting on the same deadline (GuardedTier) must
+            rem = deadline.remaining()      # see us return before it hands the buffers back
+            timeout = rem - min(COPY_MARGIN_S, 0.1 * rem)
         with b.cond:
-            ok = b.cond.wait_for(lambda: b.complete,
-                                 None if deadline.at == float("inf") else deadline.remaining())
+            ok = b.cond.wait_for(lambda: b.complete, timeout)
             b.abandoned = True
             b.cond.wait_for(lambda: b.copying == 0)
         return ok

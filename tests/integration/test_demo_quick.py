@@ -23,7 +23,7 @@ def test_demo_quick_serves_every_request(bundled_model, tmp_path, monkeypatch):
     from kvtier.cli import app
     from kvtier.demo import companion
 
-    small = dataclasses.replace(companion.QUICK, turns_mean=2.0, turns_max=3, think_time_scale=0.1, max_tokens=2)
+    small = dataclasses.replace(companion.QUICK, turns_mean=1.8, turns_max=3, think_time_scale=0.1, max_tokens=2)
     monkeypatch.setattr(companion, "QUICK", small)
     out, figures = tmp_path / "demo", tmp_path / "demo.json"
     res = CliRunner().invoke(app, ["demo", "--quick", "--dtype", "float32", "--users", "2", "--conversations", "2",

@@ -10,7 +10,7 @@ import pytest
 from kvtier.demo import companion
 from kvtier.demo.calibrate import (REFERENCE_PREFILL_1K_S, Calibration, CalibrationError, fit_profile, load_calibration,
                                    measure_profile)
-from kvtier.demo.sizing import (WorkloadFacts, engine_kv_tokens, estimate, max_model_len, scaled,
+from kvtier.demo.sizing import (OVER_TARGET, WorkloadFacts, engine_kv_tokens, estimate, max_model_len, scaled,
                                  size_companion)
 
 
@@ -96,7 +96,7 @@ def test_size_aims_at_the_target_and_keeps_the_ratios(base, per_1k_s):
     assert s.think_time_scale == pytest.approx(base.think_time_scale * prof.speed_factor() * sz.length_scale)
     assert sz.estimate_s == pytest.approx(estimate(prof, 40.0, s, sz.facts)[0])
     if not sz.over_target:
-        assert sz.estimate_s <= base.target_s
+        assert sz.estimate_s <= OVER_TARGET * base.target_s
         bigger = scaled(base, sz.length_scale, sz.think_scale, s.conversations + 1)   # the next size is over
         assert estimate(prof, 40.0, bigger, fake_facts(bigger))[0] > base.target_s
     slower = size_companion(base, measure_profile(linear_machine(per_1k_s * 2)[0], (256, 512, 1024)), 40.0,
@@ -115,3 +115,18 @@ def test_a_very_slow_machine_is_over_target_but_keeps_one_full_request_in_the_en
     sz = size_companion(companion.QUICK, prof, 40.0, 360, fake_facts)
     assert sz.over_target
     assert int(sz.facts.working_set_tokens * sz.size.engine_kv_fraction) >= max_model_len(sz.size)
+
+
+def test_server_timer_sends_fresh_token_prompts_and_fails_clearly():
+    from kvtier.demo.calibrate import random_prompt, server_prefill_timer
+    from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
+
+    assert random_prompt(50, seed=1) != random_prompt(50, seed=2) and len(random_prompt(50, seed=1)) == 50
+    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.05)) as srv:
+        timer = server_prefill_timer(srv.url)
+        assert timer(300) >= 0.05 and timer(600) >= 0.05
+        bodies = [r.body for r in srv.state.requests]
+        assert [len(b["prompt"]) for b in bodies] == [300, 600] and all(b["max_tokens"] == 1 for b in bodies)
+        assert srv.state.cached_tokens == 0          # nothing shared between calibration prompts
+    with pytest.raises(CalibrationError, match="failed"):
+        server_prefill_timer(srv.url, request_timeout_s=2)(100)   # the server is gone

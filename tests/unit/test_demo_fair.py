@@ -85,6 +85,8 @@ def test_demo_with_a_slow_server_is_partial_and_compares_the_same_requests(tmp_p
     assert counts["vanilla"]["ok"] < planned and counts["vanilla"]["stopped_reason"] == "duration reached"
     assert counts["kvtier-ram"]["ok"] == planned and counts["kvtier-ram-ssd"]["ok"] == planned
     assert 0 < figures["compared_requests"] == counts["vanilla"]["ok"]
+    # every configuration's figures are on exactly those requests
+    assert {c["requests_ok"] for c in figures["compared"].values()} == {figures["compared_requests"]}
     saved = json.loads((tmp_path / "demo.json").read_text())
     assert saved["complete"] is False and saved["requests"] == counts
     assert "PARTIAL" in (tmp_path / "report.md").read_text()

@@ -82,7 +82,24 @@ def test_demo_rejects_bad_sizes_with_one_clear_error():
     app = typer.Typer()
     demo_cmd.register(app)
 
-    for args, name in ((["demo", "--users", "0"], "--users"), (["demo", "--conversations", "-3"], "--conversations")):
+    for args, name in ((["demo", "--users", "0"], "--users"), (["demo", "--conversations", "-3"], "--conversations"),
+                       (["demo", "--minutes", "0"], "--minutes"), (["demo", "--dtype", "int4"], "--dtype")):
         res = CliRunner().invoke(app, args, env={"COLUMNS": "200", "TERMINAL_WIDTH": "200"})
         assert res.exit_code == 2
         assert name in res.output
+
+
+def test_an_unreadable_calibration_is_one_line_and_exit_1(tmp_path, monkeypatch):
+    import typer
+    from typer.testing import CliRunner
+
+    from kvtier.commands import demo_cmd
+    from kvtier.demo import common
+
+    monkeypatch.setattr("kvtier.model.ensure_model", lambda: tmp_path)
+    monkeypatch.setattr(common, "model_facts", lambda path, dtype: ModelFacts(path, 46_080, 8192, dtype))
+    app = typer.Typer()
+    demo_cmd.register(app)
+    res = CliRunner().invoke(app, ["demo", "--dtype", "float32", "--calibration", str(tmp_path / "nope.json"),
+                                   "--out", str(tmp_path / "out")])
+    assert res.exit_code == 1 and "cannot read a calibration" in res.output and "Traceback" not in res.output
