@@ -80,7 +80,7 @@ def test_write_back_demotes_on_ram_eviction(tmp_path: Path) -> None:
         for c, keys in enumerate(chains):
             assert all(put_chain(s, keys, start=10 * c))
         s.flush(10)
-        assert s.disk is not None and s.disk.usage().num_chunks >= 8   # evicted chunks went to disk
+        assert s.tier("disk") is not None and s.tier("disk").usage().num_chunks >= 8   # evicted chunks went to disk
         for c, keys in enumerate(chains):
             assert s.lookup(keys).num_chunks == 2
             assert bytes(s.get(keys[1])) == payload(10 * c + 1)

@@ -93,6 +93,7 @@ def test_errors_are_misses_and_refused_writes(kind, tmp_path):
                        release=lambda k=k: released.append(k)) for k in chunk_keys(NS, list(range(1000, 1080)))]
     accepted = t.write(items, lambda k, ok: done.append((k, ok)))
     assert 0 < sum(accepted) < len(items)
+    assert t.flush(10)                                            # the disk tier's write() is asynchronous
     assert len(released) == len(items)                            # every payload released exactly once
     assert sorted(k for k, ok in done if not ok) == sorted(it.meta.key for it, a in zip(items, accepted) if not a)
     assert t.injected["io_error"] > 0 and t.injected["write_error"] > 0
