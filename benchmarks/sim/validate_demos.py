@@ -178,9 +178,12 @@ def main() -> None:
 def validate_slo(prof: SimProfile, tok, tmp: Path) -> dict:
     """The SLO demo (demo-slo-2026-11-30): regenerate its workload (seeded), replay warm-up then the
     fixed point (16 users) on one simulated server; search max users under p90 <= 2 s."""
-    from kvtier.demo.slo import DEFAULT
+    from types import SimpleNamespace
+
     from kvtier.workload.longdoc import LongDocSpec, generate_longdoc
-    size = DEFAULT
+    # the demo's sizes on 2026-11-30 (kvtier/demo/slo.py at commit e1fab57; the demo changed since)
+    size = SimpleNamespace(documents=24, doc_tokens=720, questions=12, max_users=32, fixed_users=16,
+                           requests_per_point=24, slo_s=2.0, engine_kv_gib=0.1, warm_questions=2, seed=13)
     spec = LongDocSpec(documents=size.documents, doc_tokens=size.doc_tokens, spread=0.2,
                        max_prompt_length=size.doc_tokens * 2 + 256, questions=size.questions,
                        interleave=size.documents, max_tokens=4, seed=size.seed)

@@ -58,4 +58,22 @@ def write_outputs(sim: Simulation, out_dir: Path, *, name: str = "simulated", pl
         p = fn(view, out_dir / fname)
         if p is not None:
             paths.append(p)
+    p = plot_tier_hit_rate(sim.summary, out_dir / "tier_hit_rate.png")
+    if p is not None:
+        paths.append(p)
     return paths
+
+
+def plot_tier_hit_rate(summary: dict[str, Any], path: Path) -> Path | None:
+    """Stacked share of prompt tokens served by each tier, per time window."""
+    from kvtier.bench.report import _finish, _plt
+    wins = [w for w in summary.get("hit_rate_over_time", []) if w.get("tier_hit_rate")]
+    if not wins:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    x = [(w["t0_s"] + w["t1_s"]) / 2 for w in wins]
+    ys = {k: [w["tier_hit_rate"][k] or 0.0 for w in wins] for k in ("gpu", "ram", "ssd", "shared")}
+    ax.stackplot(x, *ys.values(), labels=["vLLM prefix cache", "kvtier RAM", "kvtier SSD", "shared tier"], alpha=0.8)
+    return _finish(plt, fig, ax, path, xlabel="send time (s)", ylabel="share of prompt tokens",
+                   title="token hit rate by tier over time")

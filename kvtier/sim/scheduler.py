@@ -20,7 +20,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -81,6 +81,15 @@ class EngineSim:
                       if profile.kvtier_enabled() else None)
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
+        """The whole simulation."""
+        for _ in self.steps(progress):
+            pass
+        return self.result
+
+    def steps(self, progress: Callable[[int], None] | None = None) -> Iterator[float]:
+        """The simulation as a generator: yields the engine's clock before each scheduling
+        round (several engines sharing a tier advance in clock order, ``kvtier.sim.cluster``);
+        ``self.result`` is set when it is exhausted."""
         tr, ld, e = self.trace, self.load, self.profile.engine
         n = tr.num_requests
         U, cu = self.U, self.chunk_units
@@ -161,6 +170,7 @@ class EngineSim:
         blocked = False                          # the head of the queue waits for KV space
 
         while True:
+            yield now
             while arrivals and arrivals[0][0] <= now:
                 t, _, r = heapq.heappop(arrivals)
                 send[r] = t
@@ -270,9 +280,10 @@ class EngineSim:
                 counters[f"{t.name}_evictions"] = t.evictions
                 counters[f"{t.name}_capacity_chunks"] = t.capacity_chunks
         cached_tok[:] = sum(tiers.values())
-        return SimResult(sent=sent, ok=ok, send_s=send, ttft_s=ttft, e2e_s=e2e, cached_tokens=cached_tok,
-                         tier_tokens=tiers, load_s=load_arr,
-                         output_tokens=np.asarray(out_tokens, dtype=np.int64), duration_s=float(now), steps=steps, counters=counters)
+        self.result = SimResult(sent=sent, ok=ok, send_s=send, ttft_s=ttft, e2e_s=e2e, cached_tokens=cached_tok,
+                                tier_tokens=tiers, load_s=load_arr,
+                                output_tokens=np.asarray(out_tokens, dtype=np.int64), duration_s=float(now),
+                                steps=steps, counters=counters)
 
     def _admit(self, q: _Req, tiers: dict[str, np.ndarray], load_arr: np.ndarray, tier_keys: list[str]) -> float | None:
         """Look the prompt up, reserve KV blocks; the synchronous kvtier load time, or None

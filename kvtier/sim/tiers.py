@@ -113,21 +113,23 @@ class StoreModel:
         if key in pol:
             pol.touch(key)
             return True
-        if tier.capacity_chunks <= 0:
+        cap = tier.capacity_chunks
+        if cap <= 0:
             return False
-        others = [t.policy for t in self.tiers if t is not tier]
+        if len(pol) >= cap:
+            others = [t.policy for t in self.tiers if t is not tier]
 
-        def keep(k: int) -> bool:       # never the new chunk's parent, nor the last copy of a chunk
-            return k == parent or (     # whose children live in another tier
-                any(o.has_children(k) for o in others) and not any(k in o for o in others))
-        while len(pol) >= tier.capacity_chunks:
-            victim = pol.pick(exclude=keep)
-            if victim is None:
-                return False
-            pol.remove(victim)
-            tier.evictions += 1
-            if not self.present(victim):
-                self._cascade(victim)
+            def keep(k: int) -> bool:   # never the new chunk's parent, nor the last copy of a chunk
+                return k == parent or (  # whose children live in another tier
+                    any(o.has_children(k) for o in others) and not any(k in o for o in others))
+            while len(pol) >= cap:
+                victim = pol.pick(exclude=keep)
+                if victim is None:
+                    return False
+                pol.remove(victim)
+                tier.evictions += 1
+                if not any(victim in o for o in others):
+                    self._cascade(victim)
         pol.add(key, parent, tier.chunk_bytes, tier.chunk_tokens)
         return True
 

@@ -56,6 +56,20 @@ class SimTrace:
     def units(self, r: int) -> np.ndarray:
         return self.hashes[self.hoffsets[r]:self.hoffsets[r + 1]]
 
+    def subset(self, convs: np.ndarray) -> "SimTrace":
+        """The trace of conversations ``convs`` only (in that order)."""
+        convs = np.asarray(convs, dtype=np.int64)
+        reqs = np.concatenate([np.arange(self.conv_offsets[c], self.conv_offsets[c + 1]) for c in convs]) \
+            if len(convs) else np.zeros(0, dtype=np.int64)
+        coff = np.zeros(len(convs) + 1, dtype=np.int64)
+        np.cumsum(np.diff(self.conv_offsets)[convs], out=coff[1:])
+        segs = [self.hashes[self.hoffsets[r]:self.hoffsets[r + 1]] for r in reqs]
+        hoff = np.zeros(len(reqs) + 1, dtype=np.int64)
+        np.cumsum([len(x) for x in segs], out=hoff[1:])
+        return SimTrace(self.name, self.unit_tokens, [self.conv_ids[c] for c in convs], self.conv_arrival_s[convs],
+                        coff, self.turn[reqs], self.prompt_tokens[reqs], self.max_tokens[reqs], self.think_s[reqs],
+                        self.arrival_hint_s[reqs], np.concatenate(segs) if segs else self.hashes[:0], hoff)
+
     def nominal_order(self) -> np.ndarray:
         """Request indices in nominal send order (arrival hints + think times; ties by file
         order), like ``Workload.request_order``."""

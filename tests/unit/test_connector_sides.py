@@ -27,11 +27,47 @@ class FakeResult:
 
 
 class FakeStore:
+    """The store API the connector halves use, over a dict (no tiers, no threads)."""
+
     def __init__(self):
         self.data: dict[bytes, bytes] = {}
         self.lookups = 0
         self.puts: list[bytes] = []
         self.fail_gets: set[bytes] = set()
+        self.listeners = []
+
+    def has_remote(self):
+        return False
+
+    def shared_prefix(self, keys, deadline=None):
+        raise AssertionError("no shared tier")
+
+    def subscribe(self, listener):
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+    def where(self, key):
+        return "memory" if key in self.data else None
+
+    def get_into(self, key, out, *, promote=None, deadline=None):
+        data = self.get(key)
+        if data is None:
+            return None
+        out[:len(data)] = data
+        return len(data)
+
+    def busy(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+    def promote_later(self, keys, min_hits=1):
+        return 0
+
+    def prepare_memory(self, n):
+        return False
+
+    def start_background_threads(self):
+        pass
 
     def lookup(self, keys):
         self.lookups += 1
@@ -51,6 +87,9 @@ class FakeStore:
         assert parent is None or parent in self.data
         self.data[key] = bytes(payload)
         self.puts.append(key)
+        from kvtier.store import StoreEvent
+        for listener in self.listeners:
+            listener(StoreEvent("stored", "memory", (key,)))
         return True
 
 
@@ -339,12 +378,12 @@ class SlowStore(FakeStore):
         super().__init__()
         self.slow_key, self.delay = slow_key, delay
 
-    def get(self, key):
+    def get_into(self, key, out, **kw):
         import time
 
         if key == self.slow_key:
             time.sleep(self.delay)
-        return super().get(key)
+        return super().get_into(key, out, **kw)
 
 
 def _saved_store(store, tokens, kv):

@@ -41,6 +41,7 @@ def test_simulate_prints_and_writes_json_and_plots(tmp_path) -> None:
     assert s["requests_ok"] == 8 and s["ttft_mean_s"] > 0 and 0 < s["token_hit_rate"] < 1
     assert set(s["tier_hit_rate"]) == {"gpu", "ram", "ssd", "shared"}
     assert (tmp_path / "out" / "ttft_cdf.png").is_file() and (tmp_path / "out" / "summary.json").is_file()
+    assert (tmp_path / "out" / "tier_hit_rate.png").is_file()
     r = runner.invoke(app, ["simulate", str(wl), "--json", "-"])
     assert r.exit_code == 0 and json.loads(r.output)["requests_ok"] == 8
 

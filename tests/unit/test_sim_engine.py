@@ -130,3 +130,17 @@ def _close(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return a is not None and b is not None and np.isclose(a, b)
     return a == b
+
+
+def test_trace_nominal_order_matches_the_workload_order(tmp_path) -> None:
+    from kvtier.workload.format import load_workload
+    rng = random.Random(2)
+    convs = [Conversation(id=f"c{i}", arrival_s=rng.random() * 5,
+                          turns=[Turn(prompt_token_ids=[rng.randrange(99) for _ in range(20)],
+                                      think_time_s=rng.random() * 3) for _ in range(rng.randrange(1, 4))])
+             for i in range(12)]
+    path = tmp_path / "w.jsonl"
+    write_workload(path, WorkloadHeader(name="t"), convs)
+    tr = load_trace(path, unit_tokens=4)
+    flat = [(ci, k) for ci, c in enumerate(convs) for k in range(len(c.turns))]
+    assert [flat[r] for r in tr.nominal_order().tolist()] == load_workload(path).request_order()
