@@ -197,8 +197,8 @@ class FaultyConfig(_Section):
 
     kind: Literal["faulty"] = "faulty"
     wraps: Literal["memory", "disk", "shared"] = Field(default="disk", description="the tier that gets the faults")
-    latency_ms: float = Field(default=0.0, ge=0, description="added to every batched call (a read or lookup "
-                              "slower than its deadline answers 'unavailable')")
+    latency_ms: float = Field(default=0.0, ge=0, description="added to every read and remote lookup (one "
+                              "slower than its deadline answers 'unavailable'); writes are not slowed")
     error_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of calls that fail (unavailable "
                               "lookups, failed reads and writes)")
     corrupt_rate: float = Field(default=0.0, ge=0, le=1, description="fraction of chunk reads whose bytes are "

@@ -106,6 +106,7 @@ class DiskTier(Tier):
             os.replace(tmp, ns_file)
         self._ledger_file = Ledger.open(self.layout.ledger)
         self.clean_temp_files()
+        self._note_other_namespaces(Path(path))
         t0 = time.perf_counter()
         with self._shared():
             self._rescan_locked()
@@ -133,6 +134,17 @@ class DiskTier(Tier):
     def _set_ledger(self, used: int) -> None:
         assert self._ledger_file is not None
         self._ledger_file.write(used)
+
+    def _note_other_namespaces(self, path: Path) -> None:
+        """Chunks of other namespaces (another model, dtype, block size, layout...) in the same
+        directory are never read (their keys differ): say so once, counted (``foreign_namespace``)."""
+        try:
+            others = [d.root.name for d in NamespaceDir.all_under(path) if d.root != self.root]
+        except OSError:
+            return
+        if others:
+            self._tm.event("foreign_namespace", self.name, f"{len(others)} other namespace(s) in {path} "
+                           f"({', '.join(sorted(others)[:3])}) are not reused by {self.root.name}")
 
     def clean_temp_files(self) -> int:
         """Remove temp files of dead writers (or older than an hour). Returns how many."""
