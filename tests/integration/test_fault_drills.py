@@ -138,7 +138,11 @@ def crash(bundled_model, work, ref) -> dict:
     proc = _start("crash", bundled_model, d / "crash.json", "--config", _cfg(crash_dir, st),
                   stdout=subprocess.PIPE)
     try:
-        assert proc.stdout.readline().strip() == "SAVING", (d / "crash.stderr").read_text()[-3000:]
+        for line in proc.stdout:                      # vLLM may print to stdout too
+            if line.strip() == "SAVING":
+                break
+        else:
+            raise AssertionError("crash driver ended early:\n" + (d / "crash.stderr").read_text()[-3000:])
     finally:
         _killpg(proc)                                  # kill -9, engine-core process included
     res["crash_dir"] = crash_dir
