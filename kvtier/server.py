@@ -6,6 +6,9 @@ Contract:
   ``--enable-prompt-tokens-details`` so streamed usage reports cached tokens, and ``--dtype``
   from ``kvtier.compute.choose_dtype``: "auto" is what this CPU computes fast);
   ``launch_env`` gives every configuration the same CPU binding (see there).
+- ``check_spec`` validates a spec (name, model folder, sizes, dtype, kvtier config, extra_args
+  that would clash with flags kvtier sets) with a one-line ``ServerError``; ``VllmServer.start``
+  calls it before launching anything.
 - ``VllmServer.start`` refuses a busy port with a clear ``ServerError``, starts the
   process in its own process group with stdout/stderr going to ``log_path``, and polls
   ``GET /health`` until ready. If the process exits, or readiness times out, the process
@@ -61,6 +64,62 @@ class ServerSpec:
     dtype: str | None = "auto"     # auto/None: kvtier.compute.choose_dtype; or bfloat16, float32, float16
     kvtier_config: dict[str, Any] | None = None
     extra_args: tuple[str, ...] = field(default_factory=tuple)
+
+
+# flags build_command sets itself: the same flag in extra_args would silently override or clash
+_OWNED_FLAGS = ("--model", "--port", "--host", "--kv-transfer-config", "--dtype", "--max-model-len",
+                "--max-num-batched-tokens", "--kv-cache-memory-bytes", "--enable-prefix-caching",
+                "--no-enable-prefix-caching")
+
+
+def check_spec(spec: ServerSpec, check_model: bool = True) -> None:
+    """Validate ``spec`` before anything is launched; raises ``ServerError`` with one line naming
+    the server and the problem (a typo must not become a crash inside vLLM). With ``check_model``
+    a local model path must be a folder with ``config.json`` (the only file it reads)."""
+    def bad(msg: str) -> ServerError:
+        return ServerError(f"server {spec.name!r}: {msg}")
+
+    if not spec.name or any(c in spec.name for c in "/\\\0") or spec.name in (".", ".."):
+        raise bad("name must be non-empty and usable as a folder name")
+    if not spec.model:
+        raise bad("model is empty")
+    local = Path(spec.model).expanduser()
+    if check_model and (spec.model.startswith(("/", ".", "~")) or local.exists()):
+        if not (local / "config.json").is_file():
+            raise bad(f"model folder {local} has no config.json")
+    if spec.port is not None and not 1 <= spec.port <= 65535:
+        raise bad(f"port {spec.port} is not in 1..65535")
+    for field_name in ("max_model_len", "max_num_batched_tokens"):
+        v = getattr(spec, field_name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise bad(f"{field_name} must be a positive integer, got {v!r}")
+    if spec.kv_cache_space_gib is not None and not spec.kv_cache_space_gib > 0:
+        raise bad(f"kv_cache_space_gib must be > 0, got {spec.kv_cache_space_gib!r}")
+    try:
+        server_dtype(spec)
+    except DtypeError as e:
+        raise bad(str(e)) from None
+    if spec.kvtier_config is not None:
+        _check_kvtier(spec, bad)
+    for a in spec.extra_args:
+        if not isinstance(a, str):
+            raise bad(f"extra_args must be strings, got {a!r}")
+        if a.split("=", 1)[0] in _OWNED_FLAGS:
+            raise bad(f"extra_args sets {a.split('=', 1)[0]}, which kvtier sets from the spec's own field")
+
+
+def _check_kvtier(spec: ServerSpec, bad) -> None:
+    from pydantic import ValidationError
+
+    from kvtier.config import KvtierConfig
+
+    if not isinstance(spec.kvtier_config, dict):
+        raise bad(f"kvtier_config must be a mapping, got {type(spec.kvtier_config).__name__}")
+    try:
+        KvtierConfig.model_validate(spec.kvtier_config)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise bad(f"kvtier.{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
 
 
 def kv_transfer_config(kvtier_config: dict[str, Any]) -> dict[str, Any]:
@@ -173,6 +232,8 @@ class VllmServer:
         ``command``/``env`` override ``build_command(spec)``/``vllm_env(...)`` (tests, custom
         launchers); a ``{port}`` placeholder in ``command`` is replaced by the chosen port.
         """
+        if command is None:
+            check_spec(spec)
         port = spec.port if spec.port is not None else free_port()
         if not port_is_free(port):
             raise ServerError(f"port busy: {HOST}:{port} is already in use (server {spec.name!r})")

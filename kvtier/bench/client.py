@@ -39,7 +39,9 @@ class RequestRecord:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     output_tokens: int | None = None
-    max_tokens: int | None = None
+    max_tokens: int | None = None            # as SENT (after ClientOptions.extra_body overrides)
+    workload_max_tokens: int | None = None   # what the workload's turn asked for
+    overrides: list[str] = field(default_factory=list)   # request fields set by extra_body
     error_kind: str | None = None
     error: str | None = None
     timed_out: bool = False
@@ -110,7 +112,8 @@ async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k
     """Send turn ``k`` of ``conv`` and stream the answer. Never raises (except cancellation)."""
     path, body = request_body(model, conv, k, opts)
     rec = RequestRecord(conversation_id=conv.id, turn=k, api="completions" if "prompt" in body else "chat",
-                        start_s=0.0, max_tokens=conv.turns[k].max_tokens)
+                        start_s=0.0, max_tokens=body.get("max_tokens"), workload_max_tokens=conv.turns[k].max_tokens,
+                        overrides=sorted(name for name, _ in opts.extra_body))
     request = client.build_request("POST", path, content=json.dumps(body).encode(),
                                    headers={"content-type": "application/json"})
     t0 = time.perf_counter()

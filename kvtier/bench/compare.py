@@ -38,7 +38,7 @@ from kvtier.bench.replay import (ReplayError, ReplayOptions, load_conversations,
 from kvtier.bench.report import RunView, render_report
 from kvtier.bench.slo import SloOptions, SloResult, run_slo
 from kvtier.config import ConfigError, KvtierConfig, deep_merge, read_yaml_mapping
-from kvtier.server import DEFAULT_READY_TIMEOUT_S, ServerError, ServerSpec, VllmServer, server_dtype
+from kvtier.server import DEFAULT_READY_TIMEOUT_S, ServerError, ServerSpec, VllmServer, check_spec, server_dtype
 
 SPEEDUP_KEYS = ("ttft_mean", "ttft_p50", "ttft_p90", "ttft_p99", "e2e_mean")
 
@@ -189,6 +189,20 @@ def _with_fresh_disk(spec: ServerSpec, run_dir: Path) -> tuple[ServerSpec, str |
     return replace(spec, kvtier_config=deep_merge(spec.kvtier_config, {"store": {"disk": {"path": disk}}})), disk
 
 
+def _with_metrics_port(spec: ServerSpec) -> ServerSpec:
+    """A kvtier spec without ``metrics.port`` gets a free pair (scheduler, worker rank 0): kvtier's
+    counters live in the engine processes, never in the API server's ``/metrics``."""
+    if spec.kvtier_config is None or (spec.kvtier_config.get("metrics") or {}).get("port"):
+        return spec
+    from kvtier.server import free_port, port_is_free
+
+    for _ in range(50):
+        port = free_port()
+        if port < 65535 and port_is_free(port + 1):
+            return replace(spec, kvtier_config=deep_merge(spec.kvtier_config, {"metrics": {"port": port}}))
+    return spec
+
+
 def _extra_metrics(spec: ServerSpec) -> tuple[str, ...]:
     """kvtier's own Prometheus endpoints: the scheduler on ``metrics.port``, worker rank 0 on port+1."""
     port = ((spec.kvtier_config or {}).get("metrics") or {}).get("port")
@@ -207,6 +221,14 @@ def run_compare(workload_path: str | Path, specs: Sequence[ServerSpec], out_dir:
     """
     if not specs:
         raise ReplayError("compare needs at least one configuration")
+    for spec in specs:       # every configuration is checked before the first server starts
+        probe = spec
+        if spec.kvtier_config is not None and _disk_needs_path(spec.kvtier_config):
+            probe = replace(spec, kvtier_config=deep_merge(spec.kvtier_config, {"store": {"disk": {"path": "/p"}}}))
+        try:
+            check_spec(probe, check_model=start_server == VllmServer.start)   # fakes serve any model
+        except ServerError as e:
+            raise ConfigError(str(e)) from None
     convs, _bad = load_conversations(workload_path, replay_options.skip_bad_lines)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -214,7 +236,7 @@ def run_compare(workload_path: str | Path, specs: Sequence[ServerSpec], out_dir:
     for spec in specs:
         run_dir = out / spec.name
         run_dir.mkdir(parents=True, exist_ok=True)
-        spec_run, disk = _with_fresh_disk(spec, run_dir)
+        spec_run, disk = _with_fresh_disk(_with_metrics_port(spec), run_dir)
         run = ConfigRun(spec=spec_run, out_dir=run_dir, disk_dir=disk)
         runs.append(run)
         on_event(f"[{spec.name}] starting server")

@@ -192,7 +192,7 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
             except (httpx.HTTPError, ValueError, KeyError) as e:
                 if model is None:
                     raise ReplayError(f"cannot discover the model at {url}/v1/models ({e}); pass --model") from None
-        before = await scrape_all(client, metrics_urls)
+        before = await scrape_all(client, metrics_urls, tuple(opts.extra_metrics_urls))
 
         def record(rec: RequestRecord) -> None:
             on_record(rec)
@@ -236,7 +236,7 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
         if cancelled and run.deadline is not None and time.perf_counter() >= run.deadline:
             run.halt("duration reached")
         duration = run.now()
-        after = await scrape_all(client, metrics_urls)
+        after = await scrape_all(client, metrics_urls, tuple(opts.extra_metrics_urls))
     reason = run.stopped_reason or "workload exhausted"
     server = server_delta(before, after)
     extra = {"mode": opts.mode, "concurrency": opts.concurrency if opts.mode == "closed" else None,

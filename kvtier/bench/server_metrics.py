@@ -61,17 +61,26 @@ async def scrape(client: httpx.AsyncClient, url: str) -> MetricsSnapshot:
         return MetricsSnapshot(error=f"{url}: {type(e).__name__}: {e}")
 
 
-async def scrape_all(client: httpx.AsyncClient, urls: list[str]) -> MetricsSnapshot:
-    """Scrape several endpoints (vLLM's, kvtier's own) into one snapshot; samples add up."""
+def merge(snapshots: list[tuple[MetricsSnapshot, bool]]) -> MetricsSnapshot:
+    """Add up several endpoints' samples; ``kvtier_*`` samples only from endpoints flagged as
+    kvtier's own (the vLLM API server imports the connector module, so it exports every
+    ``kvtier_*`` series at 0 although its process never runs the connector: those zeros are not
+    measurements). Side-effect free."""
     samples: dict[str, float] = {}
-    errors = []
-    for url in urls:
-        snap = await scrape(client, url)
+    errors = [snap.error for snap, _ in snapshots if snap.error]
+    for snap, kvtier_own in snapshots:
         for k, v in snap.samples.items():
+            if k.startswith("kvtier_") and not kvtier_own:
+                continue
             samples[k] = samples.get(k, 0.0) + v
-        if snap.error:
-            errors.append(snap.error)
     return MetricsSnapshot(samples, "; ".join(errors) or None)
+
+
+async def scrape_all(client: httpx.AsyncClient, urls: list[str],
+                     kvtier_urls: tuple[str, ...] = ()) -> MetricsSnapshot:
+    """Scrape several endpoints (vLLM's, kvtier's own) into one snapshot; samples add up;
+    ``kvtier_*`` series are kept only from ``kvtier_urls`` (see ``merge``)."""
+    return merge([(await scrape(client, url), url in kvtier_urls) for url in urls])
 
 
 def _delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> float | None:
@@ -93,6 +102,7 @@ def server_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, A
         "external_prefix_cache_hit_rate": ext_hits / ext_queries if ext_hits is not None and ext_queries else None,
         "ttft_count": ttft_count,
         "ttft_mean_s": ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
+        # only from kvtier's own endpoints (empty when none was scraped: never API-server zeros)
         "kvtier": {k: after.samples[k] - before.samples.get(k, 0.0)
                    for k in sorted(after.samples) if k.startswith("kvtier_")},
         "errors": [e for e in (before.error, after.error) if e],

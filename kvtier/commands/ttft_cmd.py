@@ -25,9 +25,12 @@ def ttft(
     json_path: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
     md_path: Path = typer.Option(None, "--md", help="Write a Markdown table here."),
     example: bool = typer.Option(True, "--example/--no-example", help="Also measure vLLM's ExampleConnector."),
+    peers: bool = typer.Option(True, "--peers/--no-peers", help="Also try vLLM's other offloading connectors "
+                               "(SimpleCPUOffloadConnector, OffloadingConnector, LMCache); failures are recorded."),
     timeout_s: float = typer.Option(1800, help="Per-engine timeout in seconds."),
     roles: str = typer.Option(None, help="Only these engines, comma-separated: "
-                              "vanilla,kvtier-w,kvtier-r,example-w,example-r (readers need their writer)."),
+                              "vanilla,kvtier-w,kvtier-r,example-w,example-r,peer:NAME (readers need their "
+                              "writer)."),
     max_batched: int = typer.Option(2048, help="max_num_batched_tokens (below the prompt length = chunked prefill)."),
 ) -> None:
     """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
@@ -38,7 +41,7 @@ def ttft(
     if not ns or any(n < 300 or n > 8192 for n in ns):
         raise typer.BadParameter("--lengths must each be between 300 and 8192 tokens")
     choice = resolve_cli_dtype(dtype)
-    from kvtier.bench.ttft import ALL_ROLES, report_json, report_markdown, run_ttft
+    from kvtier.bench.ttft import ALL_ROLES, TtftCheckFailed, check_report, report_json, report_markdown, run_ttft
 
     role_list = None
     if roles:
@@ -57,7 +60,7 @@ def ttft(
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = run_ttft(str(model), workdir, ns, repeats=repeats, dtype=choice.dtype, with_example=example,
                       timeout_s=timeout_s, command=command, log=lambda m: err.print(m), roles=role_list,
-                      max_batched=max_batched)
+                      max_batched=max_batched, with_peers=peers)
     md = report_markdown(report)
     print(md)
     if json_path:
@@ -66,6 +69,11 @@ def ttft(
     if md_path:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         md_path.write_text(md)
+    try:
+        check_report(report)
+    except TtftCheckFailed as e:
+        err.print(f"[red]error: {e}[/]")
+        raise typer.Exit(1) from None
 
 
 def register(app: typer.Typer) -> None:

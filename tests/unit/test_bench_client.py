@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
@@ -91,3 +92,17 @@ def test_record_round_trips_through_json():
     import json
     rec = RequestRecord(conversation_id="c", turn=2, api="chat", start_s=1.5, ttft_s=0.1, itl_s=[0.01])
     assert RequestRecord.from_dict(json.loads(rec.to_json())) == rec
+
+
+def test_record_keeps_the_request_actually_sent() -> None:
+    opts = ClientOptions(extra_body=(("max_tokens", 1),))     # what the demos do
+    with FakeOpenAIServer.start(FakeBehavior()) as srv:
+        rec = send(srv.url, conv(), 1, opts)
+    assert rec.ok, rec.error
+    assert rec.max_tokens == 1 and rec.workload_max_tokens == 5 and rec.overrides == ["max_tokens"]
+    assert rec.output_tokens == 1                              # the server decoded what was sent
+    again = RequestRecord.from_dict(json.loads(rec.to_json()))
+    assert again == rec
+    with FakeOpenAIServer.start(FakeBehavior()) as srv:
+        plain = send(srv.url, conv(), 1)
+    assert plain.max_tokens == plain.workload_max_tokens == 5 and plain.overrides == []

@@ -109,3 +109,31 @@ def test_run_compare_writes_report_with_speedups(tmp_path):
     report = (out / "report.md").read_text()
     assert "| kvtier-disk |" in report and "failed:" in report and "![ttft_cdf](ttft_cdf.png)" in report
     assert (out / "ttft_cdf.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_kvtier_configs_get_their_own_metrics_port_by_default() -> None:
+    from kvtier.bench.compare import _extra_metrics, _with_metrics_port
+
+    plain = ServerSpec(name="vllm", model="/m")
+    assert _with_metrics_port(plain) is plain and _extra_metrics(plain) == ()
+    kv = _with_metrics_port(ServerSpec(name="kv", model="/m", kvtier_config={"store": {"chunk_size": 256}}))
+    port = kv.kvtier_config["metrics"]["port"]
+    assert kv.kvtier_config["store"] == {"chunk_size": 256}
+    assert _extra_metrics(kv) == (f"http://127.0.0.1:{port}/metrics", f"http://127.0.0.1:{port + 1}/metrics")
+    fixed = ServerSpec(name="kv", model="/m", kvtier_config={"metrics": {"port": 9400}})
+    assert _with_metrics_port(fixed) is fixed
+
+
+def test_a_typo_in_any_configuration_fails_before_the_first_server_starts(tmp_path) -> None:
+    started = []
+
+    def start(spec, log_path, ready_timeout_s=0):
+        started.append(spec.name)
+        raise AssertionError("must not start")
+
+    specs = [ServerSpec(name="ok", model="/m"),
+             ServerSpec(name="typo", model="/m", kvtier_config={"store": {"chunk_sise": 256}})]
+    wl = tmp_path / "w.jsonl"
+    with pytest.raises(ConfigError, match=r"server 'typo': kvtier\.store\.chunk_sise"):
+        run_compare(wl, specs, tmp_path / "out", ReplayOptions(), start_server=start)
+    assert started == []

@@ -150,3 +150,42 @@ def test_server_dies_with_a_killed_launcher(tmp_path):
     else:
         os.kill(pid, signal.SIGKILL)
         pytest.fail("the server outlived its killed launcher")
+
+
+@pytest.mark.parametrize("change,needle", [
+    (dict(name=""), "name must be non-empty"),
+    (dict(name="a/b"), "folder name"),
+    (dict(port=70000), "port 70000"),
+    (dict(max_model_len=0), "max_model_len must be a positive integer"),
+    (dict(max_num_batched_tokens="2048"), "max_num_batched_tokens must be a positive integer"),
+    (dict(kv_cache_space_gib=0), "kv_cache_space_gib must be > 0"),
+    (dict(dtype="floaat32"), "floaat32"),
+    (dict(kvtier_config={"store": {"chunk_sise": 256}}), "kvtier.store.chunk_sise"),
+    (dict(kvtier_config={"store": {"memory": {"capacity": "lots"}}}), "kvtier.store.memory.capacity"),
+    (dict(extra_args=("--port", "9")), "extra_args sets --port"),
+    (dict(extra_args=("--dtype=half",)), "extra_args sets --dtype"),
+])
+def test_check_spec_names_the_problem_in_one_line(tmp_path, change, needle) -> None:
+    from dataclasses import replace
+
+    from kvtier.server import ServerError, ServerSpec, check_spec
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    good = ServerSpec(name="s", model=str(model), dtype="float32")
+    check_spec(good)
+    with pytest.raises(ServerError, match=needle) as e:
+        check_spec(replace(good, **change))
+    assert "\n" not in str(e.value) and str(e.value).startswith("server ")
+
+
+def test_check_spec_refuses_a_model_folder_without_config(tmp_path) -> None:
+    from kvtier.server import ServerError, ServerSpec, VllmServer, check_spec
+
+    spec = ServerSpec(name="s", model=str(tmp_path / "nope"), dtype="float32")
+    with pytest.raises(ServerError, match="has no config.json"):
+        check_spec(spec)
+    with pytest.raises(ServerError, match="has no config.json"):     # start checks before launching
+        VllmServer.start(spec, tmp_path / "log")
+    assert not (tmp_path / "log").exists()

@@ -175,3 +175,16 @@ def test_lease_without_hard_links_uses_exclusive_create(tmp_path, monkeypatch) -
     a, b = Lease(layout, 10), Lease(layout, 10)
     assert a.try_hold() and not b.try_hold()
     assert layout.read_json(layout.lease)["holder"] == a.holder
+
+
+def test_long_pass_renews_its_lease(tmp_path) -> None:
+    layout = _layout(tmp_path)
+    clock = Clock()
+    a, b = Lease(layout, 10, clock), Lease(layout, 10, clock)
+    assert a.try_hold()
+    clock.t += 6                       # a pass still running past half the lease
+    assert a.valid()                   # renewed on the way
+    clock.t += 6                       # 12 s after the first hold, 6 s after the renewal
+    assert a.valid() and not b.try_hold()
+    clock.t += 20                      # the pass's holder died: its lease lapses
+    assert not a.valid() and b.try_hold()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -33,6 +34,7 @@ def test_raw_and_tier_alternate_order() -> None:
 @pytest.fixture
 def tiny(monkeypatch):
     monkeypatch.setattr(store_bench, "MODELS", {"default": 256, "7b": 512})   # 64 / 128 KiB chunks
+    monkeypatch.setattr(store_bench, "drop_kernel_caches", lambda: False)    # never drop the machine's caches here
 
 
 def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) -> None:
@@ -43,7 +45,8 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
                    "disk.raw_read_gbps", "disk.raw_write_gbps"):
         section, key = dotted.split(".")
         assert r[section][key] > 0, dotted
-    assert r["lookup_ms_128_chunks"] > 0
+    assert r["lookup_ms_128_chunks"] > 0 and r["lookup_disk_cold_ms_128_chunks"] > 0
+    assert r["lookup_disk_cold_caches_dropped"] is False
     for name in ("default", "7b"):
         d = r["models"][name]["disk"]
         assert d["rounds"] == 3 and len(d["per_round"]["raw_read_gbps"]) == 3
@@ -56,13 +59,36 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
             per_round = [a / b for a, b in zip(t["per_round"]["get_gbps"], d["per_round"]["raw_read_gbps"])]
             assert g["median"] == pytest.approx(statistics.median(per_round), rel=0.02)
         assert d["get_gbps"] == d["variants"]["direct"]["get_gbps"]
+        for v in store_bench.VARIANTS:     # a raw baseline at the tier's own concurrency and read mode
+            t = d["variants"][v]
+            assert t["raw_read_same_io_gbps"]["median"] > 0 and t["get_vs_raw_read_same_io"]["median"] > 0
         m = r["models"][name]["memory"]
         assert m["spread"]["get_gbps"]["min"] <= m["get_gbps"] <= m["spread"]["get_gbps"]["max"]
     assert set(r["targets"]) >= {"default.disk_get", "7b.disk_put", "default.memory_get", "lookup_ms_128_chunks"}
     assert sum("round 3/3" in line for line in logs) == 2
     md = store_bench.to_markdown(r)
     assert "| 7b |" in md and "median" in md and ("MISSED" in md or ": met" in md)
-    assert not (tmp_path / "raw.bin").exists()
+    assert not (tmp_path / "raw.bin").exists() and not list((tmp_path / "raw-same-io").iterdir())
+    assert "NOT dropped" in md and "tier's own concurrency" in md
+
+
+def test_buffered_puts_are_timed_until_written_back(tmp_path: Path, monkeypatch) -> None:
+    import time
+
+    real = os.sync
+
+    def slow_sync() -> None:       # write-back that takes 0.3 s: it must be inside the put's timed region
+        time.sleep(0.3)
+        real()
+
+    monkeypatch.setattr(store_bench.os, "sync", slow_sync)
+    res = store_bench.bench_disk(tmp_path, 65536, 4, o_direct=False, o_direct_read=False)
+    assert res["put_gbps"] <= 4 * 65536 / 0.3 / 1e9    # (before the fix: buffered puts never waited for it)
+
+
+def test_virtual_disk_note_names_virtio_or_says_nothing(tmp_path: Path) -> None:
+    note = store_bench.virtual_disk_note(tmp_path)
+    assert note is None or "host may serve reads from its own cache" in note
 
 
 def test_cli_writes_json_and_markdown_next_to_it(tmp_path: Path, monkeypatch, tiny) -> None:

@@ -180,3 +180,80 @@ def test_real_mooncake_trace_prefix_structure():
             block = ids[i * bs:(i + 1) * bs]
             assert seen.setdefault(key, block) == block
     assert len(seen) < sum(len(c.metadata["hash_ids"]) for c in convs)  # prefixes are actually shared
+
+
+# -- evalscope local datasets (tests/unit/data/evalscope: small fixtures in the two formats) ----------
+EVALSCOPE = Path(__file__).with_name("data") / "evalscope"
+
+
+def test_evalscope_openqa_jsonl():
+    from kvtier.workload.importers import EvalscopeOptions, import_evalscope
+
+    header, convs, rep = import_evalscope(EVALSCOPE / "openqa.jsonl", EvalscopeOptions(max_output_tokens=64))
+    assert rep.kind == "openqa" and header.name == "evalscope-openqa" and len(convs) == 3
+    assert [len(c.turns) for c in convs] == [1, 1, 1]
+    assert convs[0].turns[0].user.startswith("What is the capital of France")
+    from kvtier.workload.tokens import approx_token_count
+
+    answer = "Paris, because of its central position and the Capetian kings."
+    assert convs[0].turns[0].max_tokens == approx_token_count(answer)    # from the reference answer
+    assert convs[1].turns[0].max_tokens == 64 and convs[2].id == "q-sky"
+    assert convs[0].arrival_s == 0.0 < convs[1].arrival_s < convs[2].arrival_s
+    assert convs[0].metadata == {"source": "evalscope-openqa", "category": "openqa"}
+
+
+def test_evalscope_longalpaca_json_and_length_limits():
+    from kvtier.workload.importers import EvalscopeOptions, import_evalscope
+
+    _, convs, rep = import_evalscope(EVALSCOPE / "longalpaca.json", EvalscopeOptions())
+    assert rep.kind == "longalpaca" and len(convs) == 2
+    assert "what did the committee review?" in convs[0].turns[0].user
+    _, convs, rep = import_evalscope(EVALSCOPE / "longalpaca.json", EvalscopeOptions(min_prompt_tokens=100))
+    assert len(convs) == 1 and rep.skipped_length == 1            # the short instruction is skipped
+    with pytest.raises(WorkloadError, match=r"no usable item found \(3 outside the prompt-length limits\)"):
+        import_evalscope(EVALSCOPE / "openqa.jsonl", EvalscopeOptions(format="openqa", max_prompt_tokens=1))
+
+
+def test_evalscope_is_deterministic_and_limited(tmp_path):
+    from kvtier.workload.importers import EvalscopeOptions, import_evalscope
+
+    a = import_evalscope(EVALSCOPE / "openqa.jsonl", EvalscopeOptions(seed=3, max_conversations=2))[1]
+    b = import_evalscope(EVALSCOPE / "openqa.jsonl", EvalscopeOptions(seed=3, max_conversations=2))[1]
+    assert a == b and len(a) == 2
+
+
+@pytest.mark.parametrize("content,fmt,match", [
+    ('{"prompt": "x"}\n', "auto", "neither a 'question' .openqa. nor an 'instruction'"),
+    ('[{"instruction": 5}]', "auto", "expected an object with a 'instruction' string"),
+    ('[{"question": "ok"}, {"instruction": "other format"}]', "auto", "expected an object with a 'question' string"),
+    ('{"question": "x"}\n', "longalpaca", "expected an object with a 'instruction' string .longalpaca"),
+    ('not json at all\n', "auto", "not valid JSON"),
+])
+def test_evalscope_bad_input_is_one_clear_line(tmp_path, content, fmt, match):
+    from kvtier.workload.importers import EvalscopeOptions, import_evalscope
+
+    p = tmp_path / "bad.jsonl"
+    p.write_text(content)
+    with pytest.raises(WorkloadError, match=match) as e:
+        import_evalscope(p, EvalscopeOptions(format=fmt))
+    assert "\n" not in str(e.value)
+
+
+def test_evalscope_cli(tmp_path):
+    import typer
+    from typer.testing import CliRunner
+
+    from kvtier.commands import workload_cmd
+    from kvtier.workload.format import load_workload
+
+    app, sub = typer.Typer(), typer.Typer()
+    workload_cmd.register(sub)
+    app.add_typer(sub, name="workload")
+
+    out = tmp_path / "w.jsonl"
+    r = CliRunner().invoke(app, ["workload", "import", "evalscope", str(EVALSCOPE / "longalpaca.json"), "-o", str(out),
+                                 "--min-prompt-tokens", "100"])
+    assert r.exit_code == 0, r.output
+    assert len(load_workload(out).conversations) == 1 and "1 longalpaca items outside" in r.output
+    r = CliRunner().invoke(app, ["workload", "import", "evalscope", str(tmp_path / "nope.jsonl"), "-o", str(out)])
+    assert r.exit_code == 2 and "input file not found" in r.output and "Traceback" not in r.output

@@ -1,0 +1,67 @@
+"""Proof that a ``kvtier bench ttft`` row measured what its label says (side-effect free).
+
+A "kvtier RAM hit" / "kvtier SSD hit" time counts only if, for that very request,
+  - vLLM's prefix cache was emptied first (``reset_prefix_cache()`` returned True), so the hit
+    cannot have come from vLLM's own cache;
+  - vLLM itself reports the expected number of prompt tokens as cached (``num_cached_tokens``);
+  - kvtier's own counters agree: the connector copied exactly those tokens into vLLM's blocks,
+    every chunk read was served by the tier of that name and none by another tier, and no load
+    error was counted.
+``verify_kvtier_hit`` returns the list of violations (empty = the row is what it claims).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+TIERS = ("memory", "disk")
+
+
+@dataclass(frozen=True)
+class HitEvidence:
+    """What one timed request left behind (counter deltas are over that request only)."""
+
+    expect_tokens: int                 # whole chunks up to the last prompt token
+    chunk_tokens: int
+    reset_ok: bool | None              # reset_prefix_cache() before the request; None: not called
+    vllm_cached_tokens: int | None     # RequestOutput.num_cached_tokens
+    kvtier_delta: dict[str, float]     # kvtier_samples() after - before
+
+
+def _sum(delta: dict[str, float], prefix: str, label: str | None = None) -> float:
+    return sum(v for k, v in delta.items() if k.startswith(prefix + "{") or k == prefix
+               if label is None or label in k)
+
+
+def verify_kvtier_hit(ev: HitEvidence, tier: str) -> list[str]:
+    """Violations of "these ``expect_tokens`` came from kvtier's ``tier``" (see the module doc)."""
+    if tier not in TIERS:
+        raise ValueError(f"unknown tier {tier!r}; expected one of {TIERS}")
+    bad = []
+    if ev.reset_ok is not True:
+        bad.append(f"reset_prefix_cache() returned {ev.reset_ok}: the hit may be vLLM's own prefix cache")
+    if ev.vllm_cached_tokens != ev.expect_tokens:
+        bad.append(f"vLLM counted {ev.vllm_cached_tokens} cached tokens, expected {ev.expect_tokens}")
+    d = ev.kvtier_delta
+    loaded = _sum(d, "kvtier_connector_loaded_tokens_total")
+    if loaded != ev.expect_tokens:
+        bad.append(f"kvtier loaded {loaded:.0f} tokens into vLLM's blocks, expected {ev.expect_tokens}")
+    chunks = ev.expect_tokens // ev.chunk_tokens if ev.chunk_tokens else 0
+    served = _sum(d, "kvtier_store_hits_total", f"tier={tier}")
+    if served != chunks:
+        bad.append(f"{served:.0f} chunk reads served by the {tier} tier, expected {chunks}")
+    for other in TIERS:
+        n = _sum(d, "kvtier_store_hits_total", f"tier={other}")
+        if other != tier and n:
+            bad.append(f"{n:.0f} chunk reads served by the {other} tier, not {tier}")
+    errors = _sum(d, "kvtier_connector_errors_total")
+    if errors:
+        bad.append(f"{errors:.0f} connector load errors")
+    return bad
+
+
+def verify_prefix_cache_hit(expect_tokens: int, vllm_cached_tokens: int | None) -> list[str]:
+    """Violations of "vLLM's own prefix cache served ``expect_tokens``" (the APC row)."""
+    if vllm_cached_tokens is None or vllm_cached_tokens < expect_tokens:
+        return [f"vLLM counted {vllm_cached_tokens} cached tokens, expected at least {expect_tokens}"]
+    return []

@@ -1,0 +1,217 @@
+"""Engine side of ``kvtier bench ttft``: one configuration per subprocess
+(``python -m kvtier.bench.ttft_engine ROLE ...``), so environments never mix.
+
+The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, the same for every role)
+so kvtier's store and counters are readable here. TTFT = wall time of
+``llm.generate(prompt, max_tokens=1)``. Roles:
+
+  vanilla    no connector: cold, then the same prompt again = vLLM's prefix-cache hit
+  kvtier-w   kvtier, empty cache: cold (miss); then the store's flush (every chunk durable on
+             the SSD path), vLLM's prefix cache reset, the prompt again = kvtier RAM hit
+  kvtier-r   a NEW engine on the same SSD directory, chunk files evicted from the page cache
+             before each prompt = kvtier SSD hit
+  example-w/r  vLLM's ExampleConnector (safetensors per layer): writer, then a new reader engine
+  peer:NAME  another connector tried for real in one engine: cold, prefix cache reset, hit
+             (``PEERS``); a start-up failure is recorded by the orchestrator with its error line
+
+Every hit row carries its evidence (``ttft_check``): vLLM's ``num_cached_tokens``, whether the
+prefix-cache reset succeeded and, for kvtier, the counter deltas of that request. A row whose
+evidence does not prove the label is written with ``violations`` and the run fails loudly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CHUNK = 256                # kvtier chunk size in tokens (a multiple of the engine's block size, checked)
+
+PEERS: dict[str, dict[str, Any]] = {
+    "SimpleCPUOffloadConnector": {"kv_connector": "SimpleCPUOffloadConnector", "kv_role": "kv_both",
+                                  "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 30}},
+    "OffloadingConnector": {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                            "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 30}},
+    "LMCacheConnectorV1": {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
+}
+ROLES = ("vanilla", "kvtier-w", "kvtier-r", "example-w", "example-r") + tuple(f"peer:{p}" for p in PEERS)
+
+
+def bench_prompts(tok, length: int, repeats: int, tag: str = "") -> list[list[int]]:
+    """``repeats`` prompts of exactly ``length`` tokens: seeded random sentences over kvtier's
+    vocabulary (no repeated paragraph), distinct per (tag, length, repeat)."""
+    from kvtier.workload import vocab
+
+    pool = sorted({w for n in dir(vocab) if n.isupper() for w in getattr(vocab, n) if isinstance(w, str)})
+    out = []
+    for r in range(repeats):
+        rng = random.Random(f"ttft-{tag}-{length}-{r}")
+        ids: list[int] = []
+        while len(ids) < length:
+            words = " ".join(rng.choice(pool) for _ in range(rng.randint(6, 14)))
+            ids += tok.encode(" " + words.capitalize() + ".", add_special_tokens=False)
+        out.append(ids[:length])
+    return out
+
+
+def kvtier_bench_config(disk: Path | str) -> dict:
+    """The kvtier config of the kvtier engines (everything else at its default)."""
+    return {"store": {"chunk_size": CHUNK, "memory": {"capacity": "4GiB"},
+                      "disk": {"enabled": True, "path": str(disk), "capacity": "16GiB"}}}
+
+
+def evict_page_cache(root: Path) -> int:
+    """fsync + posix_fadvise(DONTNEED) every file under ``root``; returns the bytes evicted."""
+    total = 0
+    for p in root.rglob("*"):
+        if not p.is_file():
+            continue
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.fsync(fd)
+            total += os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return total
+
+
+def _flush_kvtier(timeout: float = 120.0) -> bool:
+    """Wait until this process's kvtier stores say every queued write is on the SSD path."""
+    from kvtier import store
+
+    return all(s.flush(timeout) for s in list(store._registry.values()))
+
+
+def _kvtier_samples() -> dict[str, float]:
+    from kvtier.integrations.vllm.metrics import kvtier_samples
+
+    return {k: v for k, v in kvtier_samples().items() if "_bucket" not in k}
+
+
+class Engine:
+    def __init__(self, llm, kvtier: bool):
+        self.llm, self.kvtier = llm, kvtier
+
+    def timed(self, prompt: list[int], reset: bool) -> dict:
+        """One TTFT sample with its evidence."""
+        from vllm import SamplingParams, TokensPrompt
+
+        reset_ok = bool(self.llm.reset_prefix_cache()) if reset else None
+        before = _kvtier_samples() if self.kvtier else {}
+        sp = SamplingParams(temperature=0.0, max_tokens=1)
+        t0 = time.perf_counter()
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
+        dt = time.perf_counter() - t0
+        sample = {"s": dt, "cached": out[0].num_cached_tokens, "reset_ok": reset_ok}
+        if self.kvtier:
+            after = _kvtier_samples()
+            sample["kvtier"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+        return sample
+
+
+def _connector(role: str, root: Path) -> dict | None:
+    from kvtier.server import kv_transfer_config
+
+    if role.startswith("kvtier"):
+        return kv_transfer_config(kvtier_bench_config(root / "kvtier"))
+    if role.startswith("example"):
+        return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
+                "kv_connector_extra_config": {"shared_storage_path": str(root / "example")}}
+    if role.startswith("peer:"):
+        return PEERS[role.split(":", 1)[1]]
+    return None
+
+
+def _check(role: str, row: dict, n: int, chunk: int, block: int) -> list[str]:
+    from kvtier.bench.ttft_check import HitEvidence, verify_kvtier_hit, verify_prefix_cache_hit
+
+    bad = []
+    for label, tier in (("ram_hit", "memory"), ("ssd_hit", "disk")):
+        for s in row.get(label, []) if role.startswith("kvtier") else []:
+            ev = HitEvidence((n - 1) // chunk * chunk, chunk, s["reset_ok"], s["cached"], s["kvtier"])
+            bad += [f"{label} {n}: {v}" for v in verify_kvtier_hit(ev, tier)]
+    for s in row.get("apc_hit", []):
+        bad += [f"apc_hit {n}: {v}" for v in verify_prefix_cache_hit((n - 1) // block * block, s["cached"])]
+    return bad
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("role", choices=ROLES)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--lengths", required=True)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--max-batched", type=int, default=2048)
+    ap.add_argument("--max-model-len", type=int, default=8448)
+    a = ap.parse_args(argv)
+
+    from kvtier.runtime import apply_vllm_env
+
+    apply_vllm_env(kv_cache_space_gib=3)
+    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from kvtier.engine import make_llm
+
+    lengths = [int(x) for x in a.lengths.split(",")]
+    root = Path(a.dir)
+    result: dict[str, Any] = {"role": a.role, "pid": os.getpid(), "rows": {}, "violations": []}
+    out = Path(a.out)
+
+    def save() -> None:
+        tmp = out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, out)
+
+    llm = make_llm(a.model, dtype=a.dtype, max_model_len=a.max_model_len, kv_transfer_config=_connector(a.role, root),
+                   max_num_batched_tokens=a.max_batched, enable_prefix_caching=True)
+    block = llm.llm_engine.vllm_config.cache_config.block_size
+    result["block_size"], result["chunk_size"] = block, CHUNK
+    if CHUNK % block:
+        raise SystemExit(f"kvtier chunk size {CHUNK} is not a multiple of the engine's block size {block}")
+    eng = Engine(llm, a.role.startswith("kvtier"))
+    tok = llm.get_tokenizer()
+    eng.timed(bench_prompts(tok, 64, 1, "warmup")[0], reset=False)   # first-call overheads out of the way
+    for n in lengths:
+        prompts = bench_prompts(tok, n, a.repeats)
+        row: dict[str, Any] = {}
+        result["rows"][str(n)] = row
+        if a.role in ("vanilla", "kvtier-w", "example-w") or a.role.startswith("peer:"):
+            row["cold"] = [eng.timed(p, reset=False) for p in prompts]
+            save()
+            if a.role == "vanilla":
+                row["apc_hit"] = [eng.timed(p, reset=False) for p in prompts]
+            elif a.role == "kvtier-w":
+                if not _flush_kvtier():
+                    result["violations"].append("kvtier store flush timed out: chunks not durable")
+                row["ram_hit"] = [eng.timed(p, reset=True) for p in prompts]
+            elif a.role.startswith("peer:"):
+                row["hit"] = [eng.timed(p, reset=True) for p in prompts]
+        else:  # readers: a new process; every load comes from files evicted from the page cache
+            sub = root / ("kvtier" if a.role == "kvtier-r" else "example")
+            times = []
+            for p in prompts:
+                evict_page_cache(sub)
+                times.append(eng.timed(p, reset=True))
+            row["ssd_hit"] = times
+        result["violations"] += _check(a.role, row, n, CHUNK, block)
+        save()
+    if a.role == "kvtier-w" and not _flush_kvtier():
+        result["violations"].append("kvtier store flush timed out at exit")
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
