@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
+from kvtier.integrations.vllm.reports import TierReports
 from kvtier.promoter import run_in_thread_on_any_cpu
 from kvtier.tiers.protocol import Deadline
 
@@ -119,9 +120,8 @@ class WorkerSide:
         self._outcomes: dict[str, LoadOutcome] = {}
         self._missing: list[bytes] = []
         self.always_report = always_report       # TP > 1: every rank reports every step (see metadata)
-        self._events_lock = threading.Lock()
-        self._stored_now: dict[bytes, str] = {}  # key -> top local tier, since the last report
-        self._evicted_now: dict[bytes, None] = {}
+        self._events_lock = threading.Lock()     # async-load errors
+        self.reports = TierReports(store.where)
         self._unsubscribe: Callable[[], None] | None = None
         self._async: AsyncLoader | None = None
         self._async_buf: "torch.Tensor | None" = None
@@ -163,7 +163,7 @@ class WorkerSide:
         # reader threads stay on the engine's cores, which wait for the load anyway.
         self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
         if self._unsubscribe is None:
-            self._unsubscribe = self.store.subscribe(self._on_store_event)
+            self._unsubscribe = self.store.subscribe(self.reports.on_event)
         if self.background_any_cpu:
             run_in_thread_on_any_cpu(self._start_background_threads)
         else:
@@ -397,24 +397,6 @@ class WorkerSide:
         return done_ids
 
     # -- reports -----------------------------------------------------------------------------
-    def _on_store_event(self, event: Any) -> None:
-        """(any thread) A change in this worker's local tiers, from ``store.subscribe``."""
-        with self._events_lock:
-            if event.kind in ("stored", "promoted"):
-                for k in event.keys:
-                    k = bytes(k)
-                    self._evicted_now.pop(k, None)
-                    self._stored_now[k] = self.store.where(k) or event.tier
-                return
-            for k in event.keys:
-                k = bytes(k)
-                where = self.store.where(k)
-                if where is None:
-                    self._stored_now.pop(k, None)
-                    self._evicted_now[k] = None
-                else:                       # left one tier, still in another: it moved
-                    self._stored_now[k] = where
-
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         with self._events_lock:
@@ -423,13 +405,11 @@ class WorkerSide:
         return errors
 
     def take_worker_meta(self) -> KvtierWorkerMetadata | None:
-        with self._events_lock:
-            stored, self._stored_now = self._stored_now, {}
-            evicted, self._evicted_now = self._evicted_now, {}
+        stored, evicted = self.reports.take()
         if not (self._outcomes or stored or evicted or self._missing or self.always_report):
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
-                                    list(stored.values()), list(evicted))
+                                    list(stored.values()), evicted)
         self._outcomes, self._missing = {}, []
         return meta
 
