@@ -101,6 +101,7 @@ def test_lookup_makes_no_system_call(tmp_path: Path, monkeypatch) -> None:
             monkeypatch.setattr(disk_mod.os, name, no_io)
         monkeypatch.setattr(disk_mod.os.path, "exists", no_io)
         r = s.lookup(keys)
+        monkeypatch.undo()        # close() below may do I/O (manifest): only the lookup is under test
         assert r.num_chunks == len(keys) and r.status is Status.HIT and r.tiers == ("disk",) * len(keys)
 
 
