@@ -3,6 +3,8 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export OMP_WAIT_POLICY ?= PASSIVE
+# The slowest tests are listed after every run (CI watches the 30-minute budget with it).
+PYTEST_ARGS ?= --durations=25
 
 .PHONY: setup demo test test-unit test-integration clean
 

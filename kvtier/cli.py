@@ -20,7 +20,8 @@ app.add_typer(bench_app, name="bench")
 
 # (module, group) — group is None for top-level commands.
 COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
-    ("kvtier.commands.basic", None),          # doctor, generate
+    ("kvtier.commands.doctor_cmd", None),     # doctor
+    ("kvtier.commands.basic", None),          # generate
     ("kvtier.commands.demo_cmd", None),       # demo, demo longdoc, demo slo
     ("kvtier.commands.workload_cmd", "workload"),  # companion, longdoc, import, stats
     ("kvtier.commands.bench_cmd", "bench"),        # run, slo, compare

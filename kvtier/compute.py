@@ -36,6 +36,11 @@ _X86_FP16 = frozenset({"avx512_fp16", "amx_fp16"})
 _ARM_FP16 = frozenset({"fphp", "asimdhp"})
 
 
+KEY_FLAGS = frozenset({"avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+                       "amx_bf16", "amx_fp16", "amx_int8", "asimd", "asimdhp", "fphp", "sve", "sve2", "bf16",
+                       "svebf16", "i8mm"})
+
+
 class DtypeError(ValueError):
     """A dtype name kvtier does not know (one-line message)."""
 
@@ -50,6 +55,11 @@ class CpuFacts:
     @property
     def native_fp16(self) -> bool:
         return bool(self.flags & (_X86_FP16 | _ARM_FP16))
+
+    @property
+    def key_flags(self) -> list[str]:
+        """The flags that decide the matmul speed of float32 / bf16 / fp16 here, sorted."""
+        return sorted(self.flags & KEY_FLAGS)
 
 
 @dataclass(frozen=True)

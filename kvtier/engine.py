@@ -30,10 +30,14 @@ def make_llm(model: str, *, dtype: str | DtypeChoice = "auto", max_model_len: in
                kv_transfer_config=kvt, **engine_args)
 
 
-def offline_chat(model: str, prompt: str, *, max_tokens: int = 64, dtype: str | DtypeChoice = "auto") -> str:
+def chat_answer(llm, prompt: str, max_tokens: int = 64) -> str:
+    """The greedy answer of ``llm`` to one user message (chat template applied)."""
     from vllm import SamplingParams
 
-    llm = make_llm(model, dtype=dtype, max_model_len=2048)
     out = llm.chat([{"role": "user", "content": prompt}],
                    SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
     return out[0].outputs[0].text
+
+
+def offline_chat(model: str, prompt: str, *, max_tokens: int = 64, dtype: str | DtypeChoice = "auto") -> str:
+    return chat_answer(make_llm(model, dtype=dtype, max_model_len=2048), prompt, max_tokens)

@@ -1,67 +1,99 @@
-"""TieredStore: the KV chunk store the connector talks to (RAM -> local SSD).
+"""TieredStore: the KV chunk store the connector talks to, over an ordered list of tiers.
 
 Python API (thread-safe; every cache fault is a miss or a dropped put plus a counted
 event, never an exception or wrong bytes)::
 
     store = TieredStore.open(config.store, namespace)      # or shared_store(...) per process
     keys = chunk_keys(namespace, token_ids)
-    hit = store.lookup(keys)                                 # LookupResult(num_chunks, tiers)
-    n = store.get_into(keys[0], out)                         # payload length, or None = miss
+    hit = store.lookup(keys)                     # LookupResult(num_chunks, tiers, status): local index only
+    far = store.shared_prefix(keys[hit.num_chunks:], Deadline.after(0.5))   # PrefixResult (network)
+    res = store.read_into(keys, outs, Deadline.after(5))                   # list[ReadResult], top-down
+    n = store.get_into(keys[0], out)             # payload length, or None = miss (one-key read_into)
     store.put(keys[1], keys[0], payload, num_tokens=256, shape=(...), dtype="bfloat16")
-    store.get_into(keys[0], out, promote=False); store.promote_later([keys[0]])
+    store.subscribe(listener)                    # StoreEvent(kind=stored|promoted|evicted, tier, keys)
     store.flush(); store.stats(); store.close()
 
-Composition: ``lookup`` walks the keys and stops at the first chunk no tier holds
-(memory first, then disk), so it never reports a chunk after a gap. ``get`` tries
-tiers top-down; a disk hit is copied into RAM when ``promote_on_hit``. A caller on a
-latency-critical path (the connector's load) reads with ``promote=False`` and hands the
-keys to ``promote_later``: a background thread at idle CPU priority copies them into RAM
-later, and pauses while any ``busy()`` section (a load) runs, so promotion never delays a
-load or the forward pass that follows it.
-``write_through``: a put lands in RAM now and is queued for disk (the RAM slot is
-the write's source, pinned until written). ``write_back``: a put lands in RAM only;
-chunks evicted from RAM are queued for disk (demotion). A put whose parent chunk is
-nowhere in the store is refused (``orphan_put``): it could never be hit. When a
-chunk leaves every tier, its descendants are removed too (``orphan_evicted``).
+Tiers (``kvtier.tiers.registry``): ``memory -> disk -> shared``, each behind the ``Tier``
+protocol and described by its ``Capabilities``; the store never special-cases a tier
+class. *Local* tiers (``capabilities.complete_index``) answer ``lookup`` from memory, cheap
+enough for the scheduler's loop; *shared* tiers are asked only through ``shared_prefix``,
+``read_into`` and background writes, with deadlines (``GuardedTier``).
+
+Edges between neighbouring tiers:
+
+* **reads** try tiers top-down per key; a hit in tier i is *promoted* into the local tiers
+  above it when ``promote_on_hit`` (``promote=False`` + ``promote_later`` keeps that off a
+  latency-critical path: a background thread at idle priority does it, pausing while any
+  ``busy()`` section runs).
+* **write_through**: a put is written to every local tier (the first one synchronously; the
+  others from its pinned copy, in the background). **write_back**: a put lands in the first
+  local tier that takes it; what that tier evicts is *demoted* to the next local tier.
+* a **shared** tier is written asynchronously after the local ones, under both policies,
+  never on the caller's critical path (its own budget; no cluster-wide lock).
+
+A put whose parent chunk is nowhere is refused (``orphan_put``). When a chunk leaves every
+local tier, its descendants are removed from the local tiers too (``orphan_evicted``).
 """
 
 from __future__ import annotations
 
-import os
+import logging
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Literal, Sequence
 
-from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE, ChunkMeta
+from kvtier.chunk import ChunkMeta
 from kvtier.config import StoreConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, as_byte_view
-from kvtier.tiers.disk import DiskTier
-from kvtier.tiers.memory import MemoryTier
 from kvtier.promoter import Promoter
+from kvtier.tiers.base import Tier, as_byte_view
+from kvtier.tiers.protocol import Deadline, PrefixResult, ReadResult, Status, WriteItem
 from kvtier.tiers.registry import open_tiers
+
+log = logging.getLogger("kvtier.store")
+SHARED_SEEN_MAX = 65536     # keys known to be in a shared tier (parents of local puts)
 
 
 @dataclass(frozen=True)
 class LookupResult:
-    num_chunks: int                # longest prefix of consecutive chunks available (0..len(keys))
+    num_chunks: int                # longest prefix of consecutive chunks the local tiers hold (0..len(keys))
     tiers: tuple[str, ...]         # tier name holding each of those chunks
+    status: Status = Status.MISS   # HIT: every key; MISS: the chain stops at num_chunks
+
+
+@dataclass(frozen=True)
+class StoreEvent:
+    """What changed in this process's local tiers: ``stored`` (a put was accepted, or a demotion),
+    ``promoted`` (copied up from a lower tier), ``evicted`` (left that tier: evicted, deleted,
+    failed write, vanished file)."""
+
+    kind: Literal["stored", "promoted", "evicted"]
+    tier: str
+    keys: tuple[ChunkKey, ...]
+
+
+StoreListener = Callable[[StoreEvent], None]
 
 
 class TieredStore:
-    def __init__(self, config: StoreConfig, namespace: Namespace, memory: MemoryTier | None,
-                 disk: DiskTier | None, telemetry: Telemetry) -> None:
+    def __init__(self, config: StoreConfig, namespace: Namespace, tiers: Sequence[Tier],
+                 telemetry: Telemetry) -> None:
         self.config = config
         self.namespace = namespace
-        self.memory = memory
-        self.disk = disk
-        self.tiers: list[Tier] = [t for t in (memory, disk) if t is not None]
+        self.tiers: list[Tier] = list(tiers)
+        self.local: list[Tier] = [t for t in self.tiers if t.capabilities.complete_index]
+        self.remote: list[Tier] = [t for t in self.tiers if not t.capabilities.complete_index]
         self.telemetry = telemetry
         self._root = namespace.digest()
         self._closed = False
-        self.promoter = Promoter(self._promote_from_disk)
+        self._listeners: list[StoreListener] = []
+        self._shared_seen: OrderedDict[ChunkKey, None] = OrderedDict()
+        self._seen_lock = threading.Lock()
+        self._max_payload = 0
+        self.promoter = Promoter(self._promote_from_below)
 
     @classmethod
     def open(cls, config: StoreConfig, namespace: Namespace) -> "TieredStore":
@@ -72,98 +104,153 @@ class TieredStore:
 
         register_mac_key(namespace.digest(), signing_secret(config))   # None: this namespace is not signed
         tm = Telemetry()
-        tiers = open_tiers(config, namespace, tm)
-        memory, disk = tiers.get("memory"), tiers.get("disk")
-        self = cls(config, namespace, memory, disk, tm)
+        return cls.from_tiers(config, namespace, open_tiers(config, namespace, tm), tm)
+
+    @classmethod
+    def from_tiers(cls, config: StoreConfig, namespace: Namespace, tiers: Sequence[Tier],
+                   telemetry: Telemetry) -> "TieredStore":
+        """A store over ``tiers`` (top first) already opened, wired together (tests, harnesses)."""
+        self = cls(config, namespace, tiers, telemetry)
         for tier in self.tiers:
-            tier.on_evict = self._on_evict
-            others = [t for t in self.tiers if t is not tier]
-            if others:
+            tier.on_evict = self._evict_hook(tier)
+            tier.on_forget = self._forget_hook(tier)
+            tier.parent_ok = self._present
+            others = [t for t in self.local if t is not tier]
+            if others and tier.capabilities.complete_index:
                 tier.evict_guard = self._make_guard(others)
-        if disk is not None:
-            disk.parent_ok = self._present
-            if memory is not None and config.write_policy == "write_back":
-                memory.on_demote = self._demote
+        if len(self.local) > 1 and config.write_policy == "write_back":
+            self.local[0].on_demote = self._demote
         return self
 
-    # -- reads ------------------------------------------------------------------------------
-    def lookup(self, keys: Sequence[ChunkKey]) -> LookupResult:
-        """Longest prefix of ``keys`` held by some tier, and which tier holds each chunk."""
+    def tier(self, name: str) -> Tier | None:
+        """The tier called ``name`` (tests, tools); the data path never asks for one by name."""
+        return next((t for t in self.tiers if t.name == name), None)
+
+    @property
+    def memory(self) -> Tier | None:
+        """``tier("memory")`` (tests, tools; not used by the data path)."""
+        return self.tier("memory")
+
+    @property
+    def disk(self) -> Tier | None:
+        """``tier("disk")`` (tests, tools; not used by the data path)."""
+        return self.tier("disk")
+
+    # -- events ------------------------------------------------------------------------------
+    def subscribe(self, listener: StoreListener) -> Callable[[], None]:
+        """Call ``listener(StoreEvent)`` (from any thread; it must not block) on every change of the
+        local tiers; returns a function that unsubscribes."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    def _notify(self, kind: str, tier: Tier, keys: Sequence[ChunkKey]) -> None:
+        if not keys or not self._listeners or not tier.capabilities.complete_index:
+            return
+        event = StoreEvent(kind, tier.name, tuple(keys))  # type: ignore[arg-type]
+        for listener in list(self._listeners):
+            try:
+                listener(event)
+            except Exception as e:  # a listener must never break the data path
+                log.warning("kvtier: store listener failed: %s", e)
+
+    def where(self, key: ChunkKey) -> str | None:
+        """Name of the top-most local tier holding ``key`` (index only), or None."""
+        return next((t.name for t in self.local if t.contains(key)), None)
+
+    # -- lookups -------------------------------------------------------------------------------
+    def lookup(self, keys: Sequence[ChunkKey], deadline: Deadline | None = None) -> LookupResult:
+        """Longest prefix of ``keys`` the local tiers hold, and which tier holds each chunk.
+        Memory-only (indexes), safe on the scheduler's loop; ``deadline`` is accepted for symmetry."""
         found: list[str] = []
-        mem = self.memory.contains if self.memory is not None else None
-        disk = self.disk.contains if self.disk is not None else None
         for key in keys:
-            if mem is not None and mem(key):
-                found.append("memory")
-            elif disk is not None and disk(key):
-                found.append("disk")
-            else:
+            name = self.where(key)
+            if name is None:
                 break
+            found.append(name)
         self.telemetry.lookup(len(keys), len(found))
-        return LookupResult(len(found), tuple(found))
+        return LookupResult(len(found), tuple(found), Status.HIT if len(found) == len(keys) else Status.MISS)
 
-    def get_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None) -> int | None:
-        """Copy the verified payload into ``out``; its length, or None on a miss (out is then garbage).
+    def has_remote(self) -> bool:
+        """Whether a tier without a complete local index (a shared tier) is configured."""
+        return bool(self.remote)
 
-        ``promote``: copy a disk hit into RAM now (default: ``promote_on_hit``)."""
-        meta = self.get_meta_into(key, out, promote=promote)
+    def shared_prefix(self, keys: Sequence[ChunkKey], deadline: Deadline | None = None) -> PrefixResult:
+        """How many leading ``keys`` the shared tier(s) hold: one batched, deadline-bounded query per
+        tier (never raises). UNAVAILABLE when the tier asked last could not answer in time."""
+        deadline = deadline or Deadline.never()
+        n, status = 0, Status.MISS
+        for tier in self.remote:
+            if n == len(keys):
+                break
+            try:
+                res = tier.longest_prefix(keys[n:], deadline)
+            except Exception as e:   # a backend bug is "unavailable", never an exception upwards
+                self.telemetry.event("io_error", tier.name, f"longest_prefix: {e}")
+                res = PrefixResult(0, Status.UNAVAILABLE)
+            n += res.num_chunks
+            status = res.status
+        self._mark_shared(keys[:n])
+        return PrefixResult(n, Status.HIT if keys and n == len(keys) else status)
+
+    def _mark_shared(self, keys: Sequence[ChunkKey]) -> None:
+        if not keys:
+            return
+        with self._seen_lock:
+            for k in keys:
+                self._shared_seen[k] = None
+                self._shared_seen.move_to_end(k)
+            while len(self._shared_seen) > SHARED_SEEN_MAX:
+                self._shared_seen.popitem(last=False)
+
+    # -- reads ---------------------------------------------------------------------------------
+    def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview | bytearray],
+                  deadline: Deadline | None = None, *, promote: bool | None = None) -> list[ReadResult]:
+        """Read each key into its buffer, trying tiers top-down (one batched call per tier for the
+        keys still unanswered). Per key: HIT (verified bytes in the buffer), MISS (no tier has it),
+        UNAVAILABLE (a tier that might have it did not answer in time). ``promote``: copy hits from
+        lower tiers into the local tiers above now (default ``promote_on_hit``)."""
+        deadline = deadline or Deadline.never()
+        views = [as_byte_view(o, writable=True) for o in outs]
+        results: list[ReadResult] = [ReadResult.miss() for _ in keys]
+        hit_at = [-1] * len(keys)
+        todo = list(range(len(keys)))
+        for ti, tier in enumerate(self.tiers):
+            if not todo:
+                break
+            try:
+                got = tier.read_into([keys[i] for i in todo], [views[i] for i in todo], deadline)
+            except ValueError:
+                raise                    # a buffer too small: a programming error
+            except Exception as e:       # a backend bug is "unavailable", never an exception upwards
+                self.telemetry.event("io_error", tier.name, f"read_into: {e}")
+                got = [ReadResult.unavailable("error")] * len(todo)
+            for i, r in zip(todo, got):
+                if r.ok:
+                    results[i], hit_at[i] = r, ti
+                elif r.status is Status.UNAVAILABLE or results[i].status is not Status.UNAVAILABLE:
+                    results[i] = r
+            todo = [i for i in todo if hit_at[i] < 0]
+        if self.config.promote_on_hit if promote is None else promote:
+            for i, ti in enumerate(hit_at):
+                if ti > 0:
+                    meta = results[i].meta
+                    assert meta is not None
+                    self._promote(meta, views[i][:meta.payload_len], ti)
+        for i, ti in enumerate(hit_at):
+            if ti >= 0 and not self.tiers[ti].capabilities.complete_index:
+                self._mark_shared([keys[i]])
+        return results
+
+    def get_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None,
+                 deadline: Deadline | None = None) -> int | None:
+        """Copy the verified payload into ``out``; its length, or None on a miss (out is then garbage)."""
+        meta = self.get_meta_into(key, out, promote=promote, deadline=deadline)
         return None if meta is None else meta.payload_len
 
-    def get_meta_into(self, key: ChunkKey, out: memoryview | bytearray, *,
-                      promote: bool | None = None) -> ChunkMeta | None:
+    def get_meta_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None,
+                      deadline: Deadline | None = None) -> ChunkMeta | None:
         """Like ``get_into`` but returns the chunk's meta (shape, dtype, tokens)."""
-        view = as_byte_view(out, writable=True)
-        for tier in self.tiers:
-            meta = tier.get_into(key, view)
-            if meta is not None:
-                if tier is self.disk and (self.config.promote_on_hit if promote is None else promote):
-                    self._promote(meta, view[:meta.payload_len])
-                return meta
-        return None
-
-    def prepare_memory(self, payload_len: int) -> bool:
-        """Map the RAM tier's slab for payloads of ``payload_len`` bytes now (and start its
-        prefault when ``memory.prefault``), instead of at the first put. False without RAM tier."""
-        return self.memory.prepare(payload_len) if self.memory is not None else False
-
-    def start_background_threads(self) -> None:
-        """Start the promoter and the disk writers now: they inherit the CPU affinity of the
-        calling thread (the connector calls this from a thread allowed on every CPU)."""
-        self.promoter.start()
-        start_writers = getattr(self.disk, "start_writers", None)   # tiers without writers: nothing to start
-        if start_writers is not None:
-            start_writers()
-
-    def promote_later(self, keys: Sequence[ChunkKey], min_hits: int = 1) -> int:
-        """Queue disk chunks for a background copy into RAM (idle priority, after any ``busy()``
-        section), each once it was passed here ``min_hits`` times (read that often from disk).
-        No-op without both tiers or with ``promote_on_hit`` off. Returns keys queued now."""
-        if self.memory is None or self.disk is None or not self.config.promote_on_hit or self._closed:
-            return 0
-        return self.promoter.submit([k for k in keys if not self.memory.contains(k)], min_hits)
-
-    def busy(self):
-        """Context manager: background promotion waits while any such section is open."""
-        return self.promoter.paused()
-
-    def _promote_from_disk(self, key: ChunkKey, scratch: bytearray) -> bytearray:
-        """(promoter thread) Read ``key`` from disk (verified) into RAM unless RAM has it."""
-        assert self.disk is not None and self.memory is not None
-        if self._closed or self.memory.contains(key):
-            return scratch
-        try:
-            need = os.stat(self.disk.path_of(key)).st_size - HEADER_SIZE - TRAILER_SIZE
-        except OSError:
-            return scratch      # gone meanwhile (evicted by another process): nothing to promote
-        if len(scratch) < need:
-            scratch = bytearray(need)
-        try:
-            meta = self.disk.get_into(key, memoryview(scratch))
-        except ValueError:      # replaced by a larger file meanwhile: skip it
-            return scratch
-        if meta is not None:
-            self._promote(meta, memoryview(scratch)[:meta.payload_len])
-        return scratch
+        return self.read_into([key], [out], deadline, promote=promote)[0].meta
 
     def get(self, key: ChunkKey) -> memoryview | None:
         """The verified payload in a fresh caller-owned buffer, or None on a miss."""
@@ -171,54 +258,116 @@ class TieredStore:
         return None if got is None else got[1]
 
     def get_with_meta(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
-        for tier in self.tiers:
+        for ti, tier in enumerate(self.tiers):
             got = tier.get(key)
             if got is not None:
-                if tier is self.disk:
-                    self._promote(*got)
+                if ti > 0 and self.config.promote_on_hit:
+                    self._promote(got[0], got[1], ti)
                 return got
         return None
 
-    def _promote(self, meta: ChunkMeta, payload: memoryview) -> None:
-        if self.memory is not None and self.config.promote_on_hit:
-            if meta.parent is None or self._present(meta.parent):
-                if self.memory.put(meta, payload) and meta.parent is not None and not self._present(meta.parent):
-                    self.memory.delete(meta.key)
+    # -- promotion (a hit in tier i copied into the local tiers above it) -------------------------
+    def promote_later(self, keys: Sequence[ChunkKey], min_hits: int = 1) -> int:
+        """Queue chunks held below the top tier for a background copy into the tiers above (idle
+        priority, after any ``busy()`` section), each once it was passed here ``min_hits`` times.
+        No-op with a single tier or ``promote_on_hit`` off. Returns keys queued now."""
+        if len(self.tiers) < 2 or not self.local or not self.config.promote_on_hit or self._closed:
+            return 0
+        top = self.tiers[0]
+        return self.promoter.submit([k for k in keys if not top.contains(k)], min_hits)
 
-    # -- writes -----------------------------------------------------------------------------
+    def busy(self):
+        """Context manager: background promotion waits while any such section is open."""
+        return self.promoter.paused()
+
+    def _promote_from_below(self, key: ChunkKey, scratch: bytearray) -> bytearray:
+        """(promoter thread) Read ``key`` from the first lower tier holding it, copy it up."""
+        if self._closed or self.tiers[0].contains(key):
+            return scratch
+        for ti, tier in enumerate(self.tiers[1:], 1):
+            if tier.capabilities.complete_index and not tier.contains(key):
+                continue
+            need = tier.payload_size(key) or self._max_payload
+            if need <= 0:
+                continue
+            if len(scratch) < need:
+                scratch = bytearray(need)
+            try:
+                res = tier.read_into([key], [memoryview(scratch)], Deadline.never())[0]
+            except ValueError:      # replaced by a larger chunk meanwhile: skip it
+                return scratch
+            if res.ok and res.meta is not None:
+                self._promote(res.meta, memoryview(scratch)[:res.meta.payload_len], ti)
+                return scratch
+        return scratch
+
+    def _promote(self, meta: ChunkMeta, payload: memoryview, from_index: int) -> None:
+        if not self.config.promote_on_hit or (meta.parent is not None and not self._present(meta.parent)):
+            return
+        for tier in self.tiers[:from_index]:
+            if not tier.capabilities.complete_index or tier.contains(meta.key):
+                continue
+            if tier.write([WriteItem(meta, payload)])[0]:
+                if meta.parent is not None and not self._present(meta.parent):
+                    tier.delete(meta.key)      # the parent left meanwhile: never keep an orphan
+                    return
+                self._notify("promoted", tier, [meta.key])
+
+    # -- writes --------------------------------------------------------------------------------
     def put(self, key: ChunkKey, parent: ChunkKey | None, payload: bytes | memoryview, *, num_tokens: int,
             shape: tuple[int, ...], dtype: str) -> bool:
-        """Store a chunk; never blocks long. False = not stored anywhere (counted event)."""
+        """Store a chunk; never blocks long. The caller may reuse ``payload`` once this returns.
+        False = not stored anywhere (counted event)."""
         if parent == self._root:
             parent = None
         src = as_byte_view(payload)
         meta = ChunkMeta(key, parent, num_tokens, tuple(shape), dtype, len(src))
+        self._max_payload = max(self._max_payload, len(src))
         if parent is not None and not self._present(parent):
             self.telemetry.event("orphan_put", "store", f"parent of {key.hex()[:16]} is in no tier")
             return False
-        stored = False
-        if self.memory is not None:
-            stored = self.memory.put(meta, src)
-            if stored and parent is not None and not self._present(parent):
-                self.memory.delete(key)   # its parent left every tier meanwhile: never keep an orphan
-                self.telemetry.event("orphan_put", "store", f"parent of {key.hex()[:16]} evicted during put")
-                return False
-        if self.disk is not None and (self.memory is None or self.config.write_policy == "write_through"
-                                      or not stored):
-            pinned = self.memory.pin(key) if stored and self.memory is not None else None
-            if pinned is not None:
-                ok = self.disk.submit(meta, pinned[1], pinned[2])
-            else:
-                ok = self.disk.submit_copy(meta, src)
+        first: Tier | None = None
+        for tier in self.local:          # the first local tier that takes it gets a copy now
+            if tier.write([WriteItem(meta, src)])[0]:
+                first = tier
+                break
+        if first is not None and parent is not None and not self._present(parent):
+            first.delete(key)   # its parent left every tier meanwhile: never keep an orphan
+            self.telemetry.event("orphan_put", "store", f"parent of {key.hex()[:16]} evicted during put")
+            return False
+        stored = first is not None
+        if first is not None:
+            self._notify("stored", first, [key])
+        below = self.local[self.local.index(first) + 1:] if first is not None else []
+        rest = (below if self.config.write_policy == "write_through" else []) + self.remote
+        for tier in rest:                # background writes from the first tier's pinned copy
+            pinned = first.pin(key) if first is not None else None
+            item = WriteItem(meta, pinned[1], pinned[2]) if pinned is not None else WriteItem(meta, src)
+            try:
+                ok = tier.write([item])[0]
+            except Exception as e:       # a backend bug drops this write only
+                self.telemetry.event("io_error", tier.name, f"write: {e}")
+                if pinned is not None:
+                    pinned[2]()
+                ok = False
+            if ok:
+                self._notify("stored", tier, [key])
             stored = stored or ok
         return stored
 
-    def _demote(self, meta: ChunkMeta, view: memoryview, release) -> None:  # write_back: RAM eviction
-        assert self.disk is not None
-        self.disk.submit(meta, view, release)
+    def _demote(self, meta: ChunkMeta, view: memoryview, release: Callable[[], None]) -> None:
+        """write_back: the top local tier evicted ``meta``; write it to the next local tier."""
+        if len(self.local) < 2:
+            release()
+            return
+        nxt = self.local[1]
+        if nxt.write([WriteItem(meta, view, release)])[0]:
+            self._notify("stored", nxt, [meta.key])
 
     def _present(self, key: ChunkKey) -> bool:
-        return any(t.contains(key) for t in self.tiers)
+        if any(t.contains(key) for t in self.local):
+            return True
+        return key in self._shared_seen
 
     @staticmethod
     def _make_guard(others: list[Tier]):
@@ -226,25 +375,36 @@ class TieredStore:
             return not any(t.holds(key) for t in others) and any(t.has_children(key) for t in others)
         return keep
 
-    def _on_evict(self, keys: list[ChunkKey]) -> None:
-        """A tier evicted ``keys``: drop the descendants of any chunk that left every tier."""
-        self._cascade(keys)
+    def _evict_hook(self, tier: Tier):
+        def on_evict(keys: list[ChunkKey]) -> None:
+            """``tier`` evicted ``keys``: tell listeners, drop descendants orphaned everywhere."""
+            self._notify("evicted", tier, keys)
+            self._cascade(keys)
+        return on_evict
+
+    def _forget_hook(self, tier: Tier):
+        def on_forget(keys: list[ChunkKey]) -> None:
+            """Another process removed ``keys`` from ``tier``: tell listeners (no cascade: their
+            descendants may be that process's to manage; a lookup stops at the gap anyway)."""
+            self._notify("evicted", tier, keys)
+        return on_forget
 
     def _cascade(self, keys: list[ChunkKey]) -> None:
-        """Remove, from every tier, the descendants of each of ``keys`` that no tier holds.
+        """Remove, from every local tier, the descendants of each of ``keys`` that no tier holds.
 
         Walks parent->child edges tier by tier, so a chain that crosses tiers (a RAM chunk
-        whose parent lives only on disk) is followed too."""
+        whose parent lives only on disk) is followed too. Shared tiers keep their own chains."""
         work = [k for k in keys if not self._present(k)]
         seen = set(work)
         while work:
             key = work.pop()
             children: set[ChunkKey] = set()
-            for tier in self.tiers:
+            for tier in self.local:
                 for child in tier.children(key):
                     children.add(child)
                     if tier.delete(child):
                         self.telemetry.event("orphan_evicted", tier.name, child.hex()[:16])
+                        self._notify("evicted", tier, [child])
             for child in children - seen:
                 seen.add(child)
                 work.append(child)
@@ -253,13 +413,36 @@ class TieredStore:
         """Remove ``key`` and (since they become unreachable) its descendants from every tier."""
         removed = False
         for tier in self.tiers:
-            removed = tier.delete(key) or removed
+            if tier.delete(key):
+                removed = True
+                self._notify("evicted", tier, [key])
+        with self._seen_lock:
+            self._shared_seen.pop(key, None)
         self._cascade([key])
         return removed
 
+    # -- lifecycle -------------------------------------------------------------------------------
+    def prepare_memory(self, payload_len: int) -> bool:
+        """Let tiers allocate their buffers for payloads of ``payload_len`` bytes now (the RAM slab,
+        and its prefault when ``memory.prefault``), instead of at the first put."""
+        self._max_payload = max(self._max_payload, payload_len)
+        return any([t.prepare(payload_len) for t in self.tiers])
+
+    def start_background_threads(self) -> None:
+        """Start the promoter and the tiers' threads (disk writers...) now: they inherit the CPU
+        affinity of the calling thread (the connector calls this from a thread allowed on every CPU)."""
+        self.promoter.start()
+        for t in self.tiers:
+            t.start_threads()
+
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait for queued background writes; False if ``timeout`` expired first."""
-        return self.disk.flush(timeout) if self.disk is not None else True
+        """Wait for queued background writes of every tier; False if ``timeout`` expired first."""
+        end = None if timeout is None else time.monotonic() + timeout
+        ok = True
+        for t in self.tiers:
+            left = None if end is None else max(0.0, end - time.monotonic())
+            ok = t.flush(left) and ok
+        return ok
 
     def close(self) -> None:
         if self._closed:

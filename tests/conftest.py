@@ -9,6 +9,20 @@ import pytest
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+# Timeout discipline (pytest-timeout): every test has a bound sized for the slowest CPU class CI runs
+# on (2-core AVX2, float32). A test without its own @pytest.mark.timeout gets the default of its kind
+# (pyproject's `timeout` is only a backstop); an integration test that needs longer says so, and its
+# owner keeps it within the suite budget (README "Durations").
+UNIT_TIMEOUT_S = 120
+INTEGRATION_TIMEOUT_S = 600
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("timeout") is None:
+            limit = INTEGRATION_TIMEOUT_S if item.get_closest_marker("integration") else UNIT_TIMEOUT_S
+            item.add_marker(pytest.mark.timeout(limit))
+
 
 @pytest.fixture(scope="session")
 def bundled_model() -> Path:

@@ -54,6 +54,7 @@ from kvtier.metrics import Telemetry
 from kvtier.tiers.diskio import ALIGN, open_direct
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.memory import MemoryTier
+from kvtier.tiers.protocol import WriteItem
 
 # KV bytes per token (bf16) of the bundled SmolLM2-135M (30 layers, 3 KV heads, head_dim 64) and of a
 # 7B-class GQA model (Qwen2.5-7B: 28 layers, 4 KV heads, head_dim 128): 23,040 and 57,344 B.
@@ -297,7 +298,7 @@ def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bo
     for k in keys:
         t = time.perf_counter()
         meta = ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk)
-        assert tier.submit(meta, src, lambda: None) if asynchronous else tier.put(meta, src)
+        assert tier.write([WriteItem(meta, src, lambda: None)])[0] if asynchronous else tier.put(meta, src)
         if not asynchronous:     # a submit's latency is not a write's
             put_t.append(time.perf_counter() - t)
     if asynchronous:

@@ -24,7 +24,7 @@ _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.j
                                                         "on this machine instead of measuring.")
 
 
-def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str) -> None:
+def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, columns=None) -> None:
     import importlib
 
     from kvtier.bench.replay import ReplayError
@@ -41,7 +41,9 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str) 
             facts = model_facts(ensure_model(), choice.dtype)
         folder = results_dir(out, f"demo-{name}")
         console.print(f"results folder: {folder.resolve()}")
-        figures = module.run(module.QUICK if opts.quick else module.DEFAULT, folder, facts, opts)
+        size = module.QUICK if opts.quick else module.DEFAULT
+        figures = module.run(size, folder, facts, opts) if columns is None else \
+            module.run(size, folder, facts, opts, columns)
     except (DemoError, CalibrationError, ModelError, ReplayError, ServerError, TokenizerError, OSError) as e:
         typer.echo(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
         raise typer.Exit(1)
@@ -68,9 +70,22 @@ def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, qui
 
 
 @demo_app.command()
-def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option()) -> None:
-    """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server."""
-    _run("longdoc", out, json_path, _options(quick, None, None), dtype)
+def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option(),
+            shared_dir: Path = typer.Option(None, "--shared-dir", help="add a shared-filesystem column: this "
+                                            "directory on a shared mount (servers 1-2 write it)"),
+            shared_dir_other: Path = typer.Option(None, "--shared-dir-other", help="the same directory through "
+                                                  "a second mount ('the other machine'; default: --shared-dir)"))\
+        -> None:
+    """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server (and, with
+    --shared-dir, a shared-filesystem hit in a fresh server with empty local tiers)."""
+    columns = None
+    if shared_dir is not None:
+        for p, flag in ((shared_dir, "--shared-dir"), (shared_dir_other, "--shared-dir-other")):
+            if p is not None and not p.is_dir():
+                raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
+        from kvtier.demo.longdoc import sharedfs_columns
+        columns = sharedfs_columns(shared_dir, shared_dir_other or shared_dir)
+    _run("longdoc", out, json_path, _options(quick, None, None), dtype, columns)
 
 
 @demo_app.command()

@@ -63,6 +63,24 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
+def sharedfs_columns(mount_dir: Path, other_mount_dir: Path) -> tuple[Column, ...]:
+    """``COLUMNS`` plus a hit from the shared-filesystem tier in a fresh server on "the other machine".
+
+    Servers 1-2 also write the shared tier through ``mount_dir``; server 3 is a fresh process with
+    empty local tiers (new RAM, no SSD) reading through ``other_mount_dir`` (the same directory
+    seen through a second mount: another machine's client with its own caches)."""
+    from dataclasses import replace
+
+    from kvtier.config import deep_merge
+
+    mine = {"store": {"shared": {"kind": "sharedfs", "path": str(mount_dir)}}}
+    other = {"store": {"disk": {"enabled": False},
+                       "shared": {"kind": "sharedfs", "path": str(other_mount_dir)}}}
+    return (*(replace(c, kvtier=deep_merge(c.kvtier or {}, mine)) for c in COLUMNS),
+            Column("sharedfs_hit", "kvtier shared-FS hit (other machine)", server=3, tier="sharedfs",
+                   kvtier=other))
+
+
 def expected_hit_tokens(prompt: Sequence[int], earlier: Sequence[int], chunk: int = DEMO_CHUNK_TOKENS) -> int:
     """Tokens a hit must load: the full chunks of the prefix shared with an earlier prompt (the last
     prompt token is always computed)."""

@@ -37,6 +37,10 @@ from kvtier.keys import ChunkKey
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 
 EvictHook = Callable[[list[ChunkKey]], None]
+#: (meta, read view of the payload, release) — a tier hands a chunk it evicts to the next tier down;
+#: the view stays valid until ``release()`` (called once, by whoever writes it).
+DemoteHook = Callable[[ChunkMeta, memoryview, Callable[[], None]], None]
+Pinned = tuple[ChunkMeta, memoryview, Callable[[], None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +71,15 @@ class Tier(ABC):
         # set by the store: True = do not evict this candidate (it is the last copy of a
         # chunk whose children live in another tier; evicting it would orphan them)
         self.evict_guard: Callable[[ChunkKey], bool] | None = None
+        # set by the store: is ``key`` (a parent) still reachable in some tier? Tiers that write in
+        # the background re-check a chunk's parent before and after publishing (no orphans).
+        self.parent_ok: Callable[[ChunkKey], bool] | None = None
+        # set by the store (write_back): where chunks this tier evicts go (tiers that can lend
+        # their bytes, i.e. RAM, call it; others never do)
+        self.on_demote: DemoteHook | None = None
+        # set by the store: keys that left this tier without this process evicting them (another
+        # process removed the file; found by a read or a rescan). Listeners are told; no cascade.
+        self.on_forget: EvictHook | None = None
 
     @abstractmethod
     def contains(self, key: ChunkKey) -> bool:
@@ -126,6 +139,23 @@ class Tier(ABC):
     def close(self) -> None:
         """Release resources; later calls may raise. Idempotent."""
 
+    # -- optional hooks with safe defaults (the store calls them on every tier) ---------------
+    def pin(self, key: ChunkKey) -> Pinned | None:
+        """Lend the tier's own copy of ``key``: (meta, read view, release), valid until release().
+        None: this tier cannot lend its bytes (the caller copies instead). Default: None."""
+        return None
+
+    def payload_size(self, key: ChunkKey) -> int | None:
+        """Payload bytes of ``key`` from this process's index, without I/O; None if unknown."""
+        return None
+
+    def prepare(self, payload_len: int) -> bool:
+        """Allocate buffers for payloads of ``payload_len`` bytes now; False if nothing to do."""
+        return False
+
+    def start_threads(self) -> None:
+        """Start the tier's background threads now (they inherit the caller's CPU affinity)."""
+
     # -- the batched, deadline-bounded calls the store uses (kvtier.tiers.protocol) ----------
     def longest_prefix(self, keys: Sequence[ChunkKey], deadline: Deadline) -> PrefixResult:
         """How many leading ``keys`` this tier holds. Local default: ``contains`` per key."""
@@ -173,3 +203,7 @@ class Tier(ABC):
     def _report_evicted(self, keys: list[ChunkKey]) -> None:
         if keys and self.on_evict is not None:
             self.on_evict(keys)
+
+    def _report_forgotten(self, keys: list[ChunkKey]) -> None:
+        if keys and self.on_forget is not None:
+            self.on_forget(keys)

@@ -13,9 +13,17 @@ with ``os.replace`` under the ledger lock, so a final name never holds a partial
 file; the ledger is updated in the same critical section (and recomputed from a
 directory scan at open and on rescans), which keeps the byte budget across every
 process sharing the directory. Each process keeps an index (sizes, parents, LRU or
-cost order) as a cache: ``contains`` stats the file, so chunks published by other
-processes are seen at once and chunks they evicted are forgotten. See
-docs/store-design.md for the trade-offs and the budget margin.
+cost order): ``contains`` / ``longest_prefix`` are index-only (no system call, cheap
+enough for the scheduler's loop). The index learns other processes' chunks from a
+background rescan thread (every ``rescan_interval_s``; never on a caller's thread) and
+from reads (a read of an unindexed chunk that succeeds indexes it; a read of a vanished
+file drops it, counted ``missing``). The publish path never rescans the directory: it
+evicts from the index it has. See docs/store-design.md for the trade-offs and the budget
+margin.
+
+Writes: ``put`` writes and publishes synchronously; ``write(items, on_done)`` queues them
+on the writer pool (``writer.py``): an item with ``release`` is written straight from the
+caller's buffer (a pinned RAM slot), one without is copied into a staging buffer first.
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 
 from kvtier.chunk import ChunkError, ChunkMeta, encode_header, file_size
@@ -35,12 +43,16 @@ from kvtier.eviction import EvictionPolicy, PolicyName
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
 from kvtier.tiers import diskio, manifest
+from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE
 from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.protocol import Capabilities, WriteDone, WriteItem
 from kvtier.tiers.disklayout import SUFFIX, Ledger, NamespaceDir, is_dead_temp_file
 from kvtier.tiers.writer import Job, WriterPool
+from kvtier.security import PRIVATE_DIR_MODE
 
 class DiskTier(Tier):
     name = "disk"
+    capabilities = Capabilities(shared=False, evicts_itself=False, complete_index=True, local_budget=True)
 
     def __init__(self, root: Path, namespace: Namespace, capacity: int, fsync: str, o_direct: bool,
                  policy: PolicyName, writer_threads: int, queue_depth: int, telemetry: Telemetry,
@@ -64,11 +76,13 @@ class DiskTier(Tier):
         self._ledger_file: Ledger | None = None
         self._seq = itertools.count()
         self._writers = WriterPool(self, writer_threads, queue_depth, telemetry)
-        self.parent_ok: Callable[[ChunkKey], bool] | None = None  # set by the store: is a parent reachable?
         self.last_scan_s = 0.0
         self.rescan_interval_s = 5.0
+        self.rescans = 0                         # background rescans completed (tests, stats)
         self._scanned_at = float("-inf")
         self._closed = False
+        self._stop = threading.Event()
+        self._rescanner: threading.Thread | None = None
 
     @classmethod
     def open(cls, path: str | Path, namespace: Namespace, capacity: int, *, fsync: str = "never",
@@ -83,20 +97,26 @@ class DiskTier(Tier):
         self = cls(root, namespace, capacity, fsync, o_direct, policy, writer_threads, queue_depth,
                    telemetry or Telemetry(), o_direct_read)
         self.rescan_interval_s = rescan_interval_s
-        self._chunks.mkdir(parents=True, exist_ok=True)
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)           # owner-only: prompts' KV
+        self._chunks.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
+        self._tmp.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         ns_file = root / "namespace.json"
         if not ns_file.exists():
             tmp = self._tmp / f"namespace.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.touch(mode=0o600)
             tmp.write_text(json.dumps({"digest": namespace.digest().hex(),
                                        "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
             os.replace(tmp, ns_file)
         self._ledger_file = Ledger.open(self.layout.ledger)
         self.clean_temp_files()
+        self._note_other_namespaces(Path(path))
         t0 = time.perf_counter()
         with self._shared():
             self._rescan_locked()
         self.last_scan_s = time.perf_counter() - t0
+        if rescan_interval_s > 0:
+            self._rescanner = threading.Thread(target=self._rescan_loop, name="kvtier-disk-rescan", daemon=True)
+            self._rescanner.start()
         return self
 
     # -- paths, ledger --------------------------------------------------------------------
@@ -117,6 +137,17 @@ class DiskTier(Tier):
     def _set_ledger(self, used: int) -> None:
         assert self._ledger_file is not None
         self._ledger_file.write(used)
+
+    def _note_other_namespaces(self, path: Path) -> None:
+        """Chunks of other namespaces (another model, dtype, block size, layout...) in the same
+        directory are never read (their keys differ): say so once, counted (``foreign_namespace``)."""
+        try:
+            others = [d.root.name for d in NamespaceDir.all_under(path) if d.root != self.root]
+        except OSError:
+            return
+        if others:
+            self._tm.event("foreign_namespace", self.name, f"{len(others)} other namespace(s) in {path} "
+                           f"({', '.join(sorted(others)[:3])}) are not reused by {self.root.name}")
 
     def clean_temp_files(self) -> int:
         """Remove temp files of dead writers (or older than an hour). Returns how many."""
@@ -152,24 +183,63 @@ class DiskTier(Tier):
                 self._policy.remove(key)
                 self._unknown_parent.discard(key)
 
-    def _rescan_locked(self) -> None:
-        """Rebuild the index from the directory and reset the ledger (holding the shared lock)."""
-        found = {k: (size, mtime) for k, (_, size, mtime) in self.layout.scan().items()}
+    def _scan_dir(self) -> dict[ChunkKey, tuple[int, float]]:
+        """Published chunk files now in the directory: key -> (size, mtime)."""
+        return {k: (size, mtime) for k, (_, size, mtime) in self.layout.scan().items()}
+
+    def _merge_scan(self, found: dict[ChunkKey, tuple[int, float]], before: set[ChunkKey] | None) -> list[ChunkKey]:
+        """Index what ``found`` has and drop what it lacks; returns the keys dropped.
+
+        ``before``: only keys indexed before the scan started may be dropped (a chunk published
+        while an unlocked scan ran is not in ``found`` yet); None = drop every key not found."""
         with self._lock:
-            for key in [k for k in self._index if k not in found]:
-                self._index_drop(key)
+            gone = [k for k in self._index if k not in found and (before is None or k in before)]
+        if before is not None:   # an unlocked scan may have missed a file being replaced: confirm
+            gone = [k for k in gone if not os.path.exists(self.path_of(k))]
+        for key in gone:
+            self._index_drop(key)
+        with self._lock:
             new = sorted((k for k in found if k not in self._index or k in self._unknown_parent),
                          key=lambda k: found[k][1])
-            hints = self._load_manifest() if new else {}
-            for key in new:   # serial raw reads beat a thread pool here (GIL + per-task overhead)
-                if key in hints:
-                    parent, known, tokens = hints[key], True, 1
-                else:
-                    head = diskio.read_header(self.path_of(key))
-                    parent, known, tokens = (head.parent, True, head.num_tokens) if head else (None, False, 1)
-                self._index_add(key, found[key][0], parent, known, tokens)
+        hints = self._load_manifest() if new else {}
+        for key in new:   # serial raw reads beat a thread pool here (GIL + per-task overhead)
+            if key in hints:
+                parent, known, tokens = hints[key], True, 1
+            else:
+                head = diskio.read_header(self.path_of(key))
+                parent, known, tokens = (head.parent, True, head.num_tokens) if head else (None, False, 1)
+            self._index_add(key, found[key][0], parent, known, tokens)
+        return gone
+
+    def _rescan_locked(self) -> list[ChunkKey]:
+        """Rebuild the index from the directory and reset the ledger (holding the shared lock)."""
+        found = self._scan_dir()
+        gone = self._merge_scan(found, None)
         self._set_ledger(sum(size for size, _ in found.values()))
         self._scanned_at = time.monotonic()
+        return gone
+
+    def _rescan_loop(self) -> None:
+        """(background thread) Learn other processes' chunks every ``rescan_interval_s``, without the
+        ledger lock (publishes of every process go on meanwhile); chunks that vanished (evicted or
+        removed by another process) leave the index and are reported to ``on_forget``."""
+        from kvtier.promoter import lower_thread_priority
+
+        lower_thread_priority()
+        while not self._stop.wait(self.rescan_interval_s):
+            try:
+                with self._lock:
+                    before = set(self._index)
+                gone = self._merge_scan(self._scan_dir(), before)
+                self._scanned_at = time.monotonic()
+                self.rescans += 1
+                if gone:
+                    self._tm.event("missing", self.name, f"{len(gone)} chunks removed by another process")
+                    self._report_forgotten(gone)
+            except Exception as e:   # never let the thread die (a vanished directory, EIO...)
+                if self._closed:
+                    return
+                self._tm.event("io_error", self.name, f"rescan: {e}")
 
     # -- manifest: a hint that saves reading 100k headers at open -----------------------------
     def _load_manifest(self) -> dict[ChunkKey, ChunkKey | None]:
@@ -187,17 +257,14 @@ class DiskTier(Tier):
 
     # -- Tier API -------------------------------------------------------------------------
     def contains(self, key: ChunkKey) -> bool:
-        if self._writers.pending(key):
-            return True
-        try:
-            size = os.stat(self.path_of(key)).st_size
-        except OSError:
-            if key in self._index:
-                self._index_drop(key)
-            return False
-        if key not in self._index:
-            self._index_add(key, size, None, parent_known=False)
-        return True
+        """Index-only (no system call): indexed or queued for writing."""
+        return key in self._index or self._writers.pending(key)
+
+    def payload_size(self, key: ChunkKey) -> int | None:
+        size = self._index.get(key)
+        if size is not None:
+            return size - HEADER_SIZE - TRAILER_SIZE
+        return self._writers.pending_size(key)
 
     def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
         t0 = time.perf_counter()
@@ -219,6 +286,7 @@ class DiskTier(Tier):
             if key in self._index:
                 self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")
                 self._index_drop(key)
+                self._report_forgotten([key])
             return None
         except ChunkError as e:
             self._tm.event(e.kind, self.name, f"{key.hex()[:16]}: {e}")
@@ -239,6 +307,7 @@ class DiskTier(Tier):
             if key in self._index:
                 self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")
                 self._index_drop(key)
+                self._report_forgotten([key])
             self._tm.miss(self.name)
             return None
         buf = memoryview(bytearray(size))
@@ -253,20 +322,26 @@ class DiskTier(Tier):
         """Synchronous write + publish in the calling thread."""
         return self.write_file(meta, as_byte_view(payload))
 
-    def submit(self, meta: ChunkMeta, payload: memoryview, release: Callable[[], None]) -> bool:
-        """Queue a background write of ``payload`` (kept alive until ``release()``); False = dropped."""
-        return self._writers.submit(Job(meta, payload, release))
-
-    def submit_copy(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
-        """Copy ``payload`` into a staging buffer and queue its write; False = dropped."""
-        return self._writers.submit_copy(meta, as_byte_view(payload))
+    def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:
+        """Queue background writes (never blocks; a full queue drops the item, counted). An item
+        with ``release`` is written from its own buffer, released once written; one without is
+        copied into a staging buffer before this returns."""
+        out = []
+        for item in items:
+            if item.release is not None:
+                out.append(self._writers.submit(Job(item.meta, item.payload, item.release, on_done=on_done)))
+            else:
+                out.append(self._writers.submit_copy(item.meta, as_byte_view(item.payload), on_done))
+        return out
 
     def flush(self, timeout: float | None = None) -> bool:
         return self._writers.flush(timeout)
 
-    def start_writers(self) -> None:
+    def start_threads(self) -> None:
         """Start the background writer threads now, with the calling thread's CPU affinity."""
         self._writers.start()
+
+    start_writers = start_threads
 
     def write_file(self, meta: ChunkMeta, payload: memoryview) -> bool:
         """Write to a temp file, then publish under the ledger lock (evicting to make room)."""
@@ -305,22 +380,17 @@ class DiskTier(Tier):
                     ok = True
                 else:
                     used = self._ledger()
-                    rescanned = False
-                    while used + size > self.capacity:
+                    while used + size > self.capacity:   # evict from the index only: never rescan here
                         guard = self.evict_guard
                         with self._lock:   # never evict the new chunk's own parent
                             victim = self._policy.pick(
                                 exclude=lambda k: k == meta.parent or (guard is not None and guard(k)))
-                        if victim is None:   # learn other processes' chunks, at most every rescan_interval_s
-                            if rescanned or time.monotonic() - self._scanned_at < self.rescan_interval_s:
-                                break
-                            self._rescan_locked()
-                            used, rescanned = self._ledger(), True
-                            continue
+                        if victim is None:   # the bytes belong to chunks we do not know (yet): drop
+                            break
                         used -= self._unlink_locked(victim)
                         evicted.append(victim)
                     if used + size <= self.capacity:
-                        os.makedirs(os.path.dirname(final), exist_ok=True)
+                        os.makedirs(os.path.dirname(final), mode=PRIVATE_DIR_MODE, exist_ok=True)
                         os.replace(tmp, final)
                         self._set_ledger(used + size)
                         ok = True
@@ -370,7 +440,8 @@ class DiskTier(Tier):
     def rescan(self) -> None:
         """Re-read the directory (other processes' chunks) and reset the ledger."""
         with self._shared():
-            self._rescan_locked()
+            gone = self._rescan_locked()
+        self._report_forgotten(gone)
 
     def keys(self) -> list[ChunkKey]:
         with self._lock:
@@ -400,6 +471,9 @@ class DiskTier(Tier):
         if self._closed:
             return
         self._closed = True
+        self._stop.set()
+        if self._rescanner is not None:
+            self._rescanner.join(10)
         self._writers.close()
         self.save_manifest()
         QUEUE_DEPTH.set(0)

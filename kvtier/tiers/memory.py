@@ -36,12 +36,12 @@ from kvtier.eviction import EvictionPolicy, PolicyName
 from kvtier.keys import ChunkKey
 from kvtier.metrics import Telemetry
 from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.protocol import Capabilities
 
 PAGE = 4096
 MADV_POPULATE_WRITE = 23          # Linux >= 5.14
 PREFAULT_STEP = 32 << 20
 log = logging.getLogger("kvtier.store")
-DemoteHook = Callable[[ChunkMeta, memoryview, Callable[[], None]], None]
 
 
 def round_up(n: int, align: int = PAGE) -> int:
@@ -50,6 +50,7 @@ def round_up(n: int, align: int = PAGE) -> int:
 
 class MemoryTier(Tier):
     name = "memory"
+    capabilities = Capabilities(shared=False, evicts_itself=False, complete_index=True, local_budget=True)
 
     def __init__(self, capacity: int, slot_size: int | None, policy: PolicyName,
                  prefault: bool, telemetry: Telemetry) -> None:
@@ -70,7 +71,6 @@ class MemoryTier(Tier):
         self._closed = False
         self._prefaulter: threading.Thread | None = None
         self.prefaulted_bytes = 0
-        self.on_demote: DemoteHook | None = None
 
     @classmethod
     def open(cls, capacity: int, *, slot_size: int | None = None, policy: PolicyName = "lru",
@@ -168,6 +168,10 @@ class MemoryTier(Tier):
         ent = self._entries.get(key)
         return ent[1] if ent else None
 
+    def payload_size(self, key: ChunkKey) -> int | None:
+        ent = self._entries.get(key)
+        return ent[1].payload_len if ent else None
+
     def pin(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview, Callable[[], None]] | None:
         """Pin ``key``'s slot: (meta, read view, release). The view stays valid until release()."""
         with self._lock:
@@ -254,8 +258,8 @@ class MemoryTier(Tier):
                 self._pins[slot] += 1          # reserved while we copy outside the lock
         if evicted:
             self._tm.evicted(self.name, len(evicted))
-        for item in demote:
-            self.on_demote(*item)  # type: ignore[misc]
+        for item in reversed(demote):   # victims are picked tail-first: demote parents first, so a
+            self.on_demote(*item)  # type: ignore[misc]   # child's write never finds its parent in no tier
         self._report_evicted([m.key for m in evicted])
         if slot is None:
             self._tm.event("dropped_store", self.name, "no free memory slot (all pinned)")

@@ -21,12 +21,11 @@ from __future__ import annotations
 import errno
 import itertools
 import os
-import queue
 import threading
 import time
 from typing import Sequence
 
-from kvtier.chunk import ChunkError, ChunkMeta, encode_header, file_size
+from kvtier.chunk import ChunkError, ChunkMeta, encode_header
 from kvtier.config import SharedFsConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
@@ -35,65 +34,11 @@ from kvtier.tiers.base import Tier, TierUsage, as_byte_view
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.sharedfs_janitor import Janitor
 from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, BurstEvents, Layout, Stamps
+from kvtier.tiers.sharedfs_writer import WriteQueue
 
 OK, READ_ONLY, DOWN = "ok", "read_only", "down"
 COPY_MARGIN_S = 0.05    # batched calls give up this much before their deadline (never past it)
 BAD_GRACE_S = 10.0      # a file failing verification is removed once renamed into place this long ago
-
-
-class _Batch:
-    """One batched call: pool workers *pull* indices in order (head first) and fill results;
-    ``abandoned`` once the caller returned. ``prefix`` mode: complete as soon as the first
-    non-True value is known with everything before it True (a chain's gap); else when all are in."""
-
-    def __init__(self, n: int, prefix: bool) -> None:
-        self.n = n
-        self.values: list[object] = [None] * n
-        self.filled = [False] * n
-        self.next = 0              # next index to hand out
-        self.scan = 0              # prefix mode: first index not known to be True
-        self.left = n
-        self.gap = n               # prefix mode: lowest index known not True
-        self.prefix = prefix
-        self.copying = 0
-        self.abandoned = False
-        self.complete = n == 0
-        self.cond = threading.Condition()
-
-    def take(self) -> int | None:
-        with self.cond:
-            if self.abandoned or self.complete or self.next >= self.n or self.next > self.gap:
-                return None
-            i, self.next = self.next, self.next + 1
-            return i
-
-    def put_locked(self, i: int, value: object) -> None:
-        self.values[i], self.filled[i] = value, True
-        self.left -= 1
-        if self.prefix:
-            if value is not True:
-                self.gap = min(self.gap, i)
-            while self.scan < self.n and self.filled[self.scan] and self.values[self.scan] is True:
-                self.scan += 1
-            done = self.scan == self.n or (self.filled[self.scan] and self.values[self.scan] is not True)
-        else:
-            done = self.left == 0
-        if done:
-            self.complete = True
-            self.cond.notify_all()
-
-    def put(self, i: int, value: object) -> None:
-        with self.cond:
-            self.put_locked(i, value)
-
-
-def _fan_out(pool: sio.DaemonPool, b: _Batch, fn) -> None:
-    """Start up to ``pool.size`` workers that run ``fn(i)`` for indices pulled from ``b``."""
-    def worker() -> None:
-        while (i := b.take()) is not None:
-            fn(i)
-    for _ in range(min(pool.size, b.n)):
-        pool.submit(worker)
 
 
 class SharedFsTier(Tier):
@@ -112,11 +57,7 @@ class SharedFsTier(Tier):
         self.state = DOWN
         self._stats = sio.DaemonPool(cfg.lookup_threads, "kvtier-sharedfs-stat")
         self._reads = sio.DaemonPool(cfg.max_inflight, "kvtier-sharedfs-read")
-        self._q: queue.Queue = queue.Queue(maxsize=cfg.queue_depth)
-        self._writers: list[threading.Thread] = []
-        self._pending: set[bytes] = set()
-        self._idle = threading.Condition()
-        self._inflight = 0
+        self._writer = WriteQueue(cfg.writer_threads, cfg.queue_depth, self._write_one, self._touch)
         self._seq = itertools.count()
         self._used, self._files = 0, 0
         self.janitor = Janitor(self.layout, cfg, self.events, cfg.lookup_threads) if cfg.janitor else None
@@ -135,10 +76,7 @@ class SharedFsTier(Tier):
             except OSError:
                 pass
         self._probe()
-        for i in range(cfg.writer_threads):
-            t = threading.Thread(target=self._write_loop, name=f"kvtier-sharedfs-writer-{i}", daemon=True)
-            t.start()
-            self._writers.append(t)
+        self._writer.start()
         self._maint = threading.Thread(target=self._maintain, name="kvtier-sharedfs-janitor", daemon=True)
         self._maint.start()
         return self
@@ -207,7 +145,7 @@ class SharedFsTier(Tier):
             self._used, self._files = int(data.get("used_bytes", 0)), int(data.get("files", 0))
 
     # -- batched calls -----------------------------------------------------------------------------
-    def _wait(self, b: _Batch, deadline: Deadline) -> bool:
+    def _wait(self, b: sio.Batch, deadline: Deadline) -> bool:
         """Wait until the batch is complete or the deadline; then mark it abandoned and wait out
         copies in progress (memcpy, never I/O). Returns whether it completed."""
         if deadline.at == float("inf"):
@@ -234,7 +172,7 @@ class SharedFsTier(Tier):
             return PrefixResult(0, Status.HIT)
         if self.state == DOWN or self._busy(self._stats, n):
             return PrefixResult(0, Status.UNAVAILABLE)
-        b = _Batch(n, prefix=True)
+        b = sio.Batch(n, prefix=True)
 
         def job(i: int) -> None:
             key = keys[i]
@@ -247,7 +185,7 @@ class SharedFsTier(Tier):
                 v = None if self._os_error(e, "stat") is Status.UNAVAILABLE else False
             b.put(i, v)
 
-        _fan_out(self._stats, b, job)
+        sio.fan_out(self._stats, b, job)
         self._wait(b, deadline)
         found = 0
         for i in range(n):
@@ -273,7 +211,7 @@ class SharedFsTier(Tier):
         if self._busy(self._reads, n):
             return [ReadResult.unavailable("busy")] * n
         t0 = time.perf_counter()
-        b = _Batch(n, prefix=False)
+        b = sio.Batch(n, prefix=False)
         mtimes = [0] * n
 
         def job(i: int) -> None:
@@ -306,7 +244,7 @@ class SharedFsTier(Tier):
                     if b.copying == 0:
                         b.cond.notify_all()
 
-        _fan_out(self._reads, b, job)
+        sio.fan_out(self._reads, b, job)
         if not self._wait(b, deadline):
             self.events("timeout", f"read of {n} chunks not done in time")
         results: list[ReadResult] = []
@@ -347,10 +285,7 @@ class SharedFsTier(Tier):
                 self._tm.miss(TIER)
         if stale >= 0:
             touch = [(keys[i], now - i * Stamps.STEP_NS) for i in range(stale + 1) if results[i].ok]
-            try:
-                self._q.put_nowait(("touch", touch))
-            except queue.Full:
-                pass
+            self._writer.submit_touch(touch)
 
     def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:
         """Queue background writes (never blocks). False per item dropped: down or read-only
@@ -363,55 +298,26 @@ class SharedFsTier(Tier):
         now = time.time_ns()
         accepted: list[bool] = []
         for item in items:
-            key = item.meta.key
-            ok = why is None
-            if ok:
+            outcome = "refused"
+            if why is None:
                 stamp = self.stamps.for_write(item.meta.parent, now)
                 payload = item.payload if item.release is not None else memoryview(bytes(item.payload))
-                job = ("write", item.meta, payload, item.release, on_done, stamp)
-                with self._idle:
-                    dup = key in self._pending
-                    if not dup:
-                        try:
-                            self._q.put_nowait(job)
-                            self._pending.add(key)
-                            self._inflight += 1
-                        except queue.Full:
-                            ok, why = False, ("dropped_store", "shared write queue full")
-                if ok and not dup:
-                    self.stamps.set(key, stamp)
+                outcome = self._writer.submit(item.meta, payload, item.release, on_done, stamp)
+                if outcome == "queued":
+                    self.stamps.set(item.meta.key, stamp)
                     accepted.append(True)
                     continue
+                if outcome == "full":
+                    why = ("dropped_store", "shared write queue full")
             if item.release is not None:
                 item.release()
-            if not ok and why is not None:
-                self.events(why[0], why[1])
-            accepted.append(ok)
-            if on_done is not None and ok:
-                on_done(key, True)     # duplicate of a queued write: durable when that one is
-        return accepted
-
-    def _write_loop(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            if job[0] == "touch":
-                self._touch(job[1])
-                continue
-            _, meta, payload, release, on_done, stamp = job
-            ok = False
-            try:
-                ok = self._write_one(meta, payload, stamp)
-            finally:
-                if release is not None:
-                    release()
-                with self._idle:
-                    self._pending.discard(meta.key)
-                    self._inflight -= 1
-                    self._idle.notify_all()
+            accepted.append(outcome == "duplicate")
+            if outcome == "duplicate":
                 if on_done is not None:
-                    on_done(meta.key, ok)
+                    on_done(item.meta.key, True)     # the queued write of the same key carries it
+            elif why is not None:
+                self.events(why[0], why[1])
+        return accepted
 
     def _write_one(self, meta: ChunkMeta, payload: memoryview, stamp: int) -> bool:
         if len(payload) != meta.payload_len:
@@ -458,8 +364,7 @@ class SharedFsTier(Tier):
         return sum(self.delete(k) for k in keys)
 
     def flush(self, timeout: float | None = None) -> bool:
-        with self._idle:
-            return self._idle.wait_for(lambda: self._inflight == 0, timeout)
+        return self._writer.flush(timeout)
 
     def usage(self) -> TierUsage:
         """The janitor's last count (any process's janitor; published on the mount)."""
@@ -527,11 +432,7 @@ class SharedFsTier(Tier):
         self._closed = True
         self.flush(self.cfg.io_timeout_s)
         self._stop.set()
-        for _ in self._writers:
-            try:
-                self._q.put_nowait(None)
-            except queue.Full:
-                break
+        self._writer.close()
         if self.janitor is not None and self.state == OK:
             t = threading.Thread(target=self._release_lease, name="kvtier-sharedfs-release", daemon=True)
             t.start()
@@ -547,4 +448,4 @@ def _unlink_quiet(path: str) -> None:
         pass
 
 
-__all__ = ["SharedFsTier", "file_size"]
+__all__ = ["SharedFsTier"]

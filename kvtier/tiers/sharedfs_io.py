@@ -80,6 +80,61 @@ class DaemonPool:
             self._q.put(None)
 
 
+class Batch:
+    """One batched call: pool workers *pull* indices in order (head first) and fill results;
+    ``abandoned`` once the caller returned. ``prefix`` mode: complete as soon as the first
+    non-True value is known with everything before it True (a chain's gap); else when all are in."""
+
+    def __init__(self, n: int, prefix: bool) -> None:
+        self.n = n
+        self.values: list[object] = [None] * n
+        self.filled = [False] * n
+        self.next = 0              # next index to hand out
+        self.scan = 0              # prefix mode: first index not known to be True
+        self.left = n
+        self.gap = n               # prefix mode: lowest index known not True
+        self.prefix = prefix
+        self.copying = 0
+        self.abandoned = False
+        self.complete = n == 0
+        self.cond = threading.Condition()
+
+    def take(self) -> int | None:
+        with self.cond:
+            if self.abandoned or self.complete or self.next >= self.n or self.next > self.gap:
+                return None
+            i, self.next = self.next, self.next + 1
+            return i
+
+    def put_locked(self, i: int, value: object) -> None:
+        self.values[i], self.filled[i] = value, True
+        self.left -= 1
+        if self.prefix:
+            if value is not True:
+                self.gap = min(self.gap, i)
+            while self.scan < self.n and self.filled[self.scan] and self.values[self.scan] is True:
+                self.scan += 1
+            done = self.scan == self.n or (self.filled[self.scan] and self.values[self.scan] is not True)
+        else:
+            done = self.left == 0
+        if done:
+            self.complete = True
+            self.cond.notify_all()
+
+    def put(self, i: int, value: object) -> None:
+        with self.cond:
+            self.put_locked(i, value)
+
+
+def fan_out(pool: DaemonPool, b: Batch, fn: Callable[[int], None]) -> None:
+    """Start up to ``pool.size`` workers that run ``fn(i)`` for indices pulled from ``b``."""
+    def worker() -> None:
+        while (i := b.take()) is not None:
+            fn(i)
+    for _ in range(min(pool.size, b.n)):
+        pool.submit(worker)
+
+
 def bounce(size: int) -> memoryview:
     """This thread's scratch buffer of at least ``size`` bytes (grown on demand, reused)."""
     buf: mmap.mmap | None = getattr(_tls, "buf", None)
@@ -171,4 +226,4 @@ def write_chunk(tmp: str, header: bytes | bytearray, payload: memoryview, *, fsy
     os.utime(tmp, ns=(stamp_ns, stamp_ns))
 
 
-__all__ = ["DaemonPool", "MIN_FILE", "bounce", "probe_write", "read_chunk", "stat_chunk", "write_chunk"]
+__all__ = ["Batch", "DaemonPool", "fan_out", "MIN_FILE", "bounce", "probe_write", "read_chunk", "stat_chunk", "write_chunk"]

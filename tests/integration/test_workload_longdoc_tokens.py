@@ -10,6 +10,7 @@ from kvtier.workload.tokens import HFTokenizer
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.timeout(120)
 def test_longdoc_exact_token_lengths_with_real_tokenizer(bundled_model):
     tok = HFTokenizer.open(bundled_model)
     spec = LongDocSpec(documents=4, doc_tokens=1234, spread=0.0, questions=2, max_prompt_length=8000)

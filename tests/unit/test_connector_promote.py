@@ -100,8 +100,8 @@ def test_corrupt_chunk_file_is_a_load_error_and_never_promoted(tmp_path: Path) -
     src_ids = _save_to_disk(tmp_path, tokens, kv)
     keys = chunk_keys(NS, tokens)
     with TieredStore.open(_cfg(tmp_path), NS) as store:
-        assert store.disk is not None
-        path = store.disk.path_of(keys[1])
+        assert store.tier("disk") is not None
+        path = store.tier("disk").path_of(keys[1])
         with open(path, "r+b") as f:                             # flip payload bytes, header intact
             f.seek(os.path.getsize(path) // 2)
             f.write(b"\xff" * 64)
@@ -112,5 +112,5 @@ def test_corrupt_chunk_file_is_a_load_error_and_never_promoted(tmp_path: Path) -
         assert all(not dst[n][ids[2:6]].any() for n in dst)      # no unverified byte reached the KV cache
         store.promote_later(keys)                                # the same admission count as a second load
         assert store.promoter.wait_idle(10)
-        assert store.memory is not None and store.memory.contains(keys[0])
-        assert not any(store.memory.contains(k) for k in keys[1:])
+        assert store.tier("memory") is not None and store.tier("memory").contains(keys[0])
+        assert not any(store.tier("memory").contains(k) for k in keys[1:])

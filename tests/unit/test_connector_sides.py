@@ -27,11 +27,47 @@ class FakeResult:
 
 
 class FakeStore:
+    """The store API the connector halves use, over a dict (no tiers, no threads)."""
+
     def __init__(self):
         self.data: dict[bytes, bytes] = {}
         self.lookups = 0
         self.puts: list[bytes] = []
         self.fail_gets: set[bytes] = set()
+        self.listeners = []
+
+    def has_remote(self):
+        return False
+
+    def shared_prefix(self, keys, deadline=None):
+        raise AssertionError("no shared tier")
+
+    def subscribe(self, listener):
+        self.listeners.append(listener)
+        return lambda: self.listeners.remove(listener)
+
+    def where(self, key):
+        return "memory" if key in self.data else None
+
+    def get_into(self, key, out, *, promote=None, deadline=None):
+        data = self.get(key)
+        if data is None:
+            return None
+        out[:len(data)] = data
+        return len(data)
+
+    def busy(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+    def promote_later(self, keys, min_hits=1):
+        return 0
+
+    def prepare_memory(self, n):
+        return False
+
+    def start_background_threads(self):
+        pass
 
     def lookup(self, keys):
         self.lookups += 1
@@ -51,6 +87,9 @@ class FakeStore:
         assert parent is None or parent in self.data
         self.data[key] = bytes(payload)
         self.puts.append(key)
+        from kvtier.store import StoreEvent
+        for listener in self.listeners:
+            listener(StoreEvent("stored", "memory", (key,)))
         return True
 
 
@@ -339,12 +378,12 @@ class SlowStore(FakeStore):
         super().__init__()
         self.slow_key, self.delay = slow_key, delay
 
-    def get(self, key):
+    def get_into(self, key, out, **kw):
         import time
 
         if key == self.slow_key:
             time.sleep(self.delay)
-        return super().get(key)
+        return super().get_into(key, out, **kw)
 
 
 def _saved_store(store, tokens, kv):
@@ -423,3 +462,43 @@ def test_full_hit_loads_part_of_the_last_chunk_exactly():
             assert torch.equal(dst[name][t[i]], kv[name][src[i]])
         assert not dst[name][t[11]].any()   # the block with the last token is computed by vLLM
     assert w.take_worker_meta().loads["b"].loaded_tokens == 1152
+
+
+class _OldEngineRequest:
+    """A request object from an engine version without ``cache_salt`` (an API change)."""
+
+    def __init__(self, req_id, tokens):
+        self.request_id, self.prompt_token_ids, self.num_computed_tokens = req_id, tokens, 0
+        self.lora_request, self.mm_features = None, []
+
+    @property
+    def num_prompt_tokens(self):
+        return len(self.prompt_token_ids)
+
+
+def test_request_missing_a_key_field_is_not_cached_and_counted():
+    from kvtier.integrations.vllm.metrics import ERRORS, ConnectorMetrics
+    from kvtier.integrations.vllm.scheduler_side import KeyFieldsMissing
+
+    old = _OldEngineRequest("old", _prompt(600))
+    with pytest.raises(KeyFieldsMissing, match="cache_salt"):
+        request_extra(old)
+    store = FakeStore()
+    _fill(store, old.prompt_token_ids, 2)      # the unsalted prefix IS stored: without the check it would hit
+    s, tables = _sched(store, metrics=ConnectorMetrics())
+    before = ERRORS.labels("key_fields_missing")._value.get()
+    assert s.num_new_matched_tokens(old, 0) == 0
+    assert s.num_new_matched_tokens(old, 0) == 0           # asked again: still refused, counted once
+    assert ERRORS.labels("key_fields_missing")._value.get() == before + 1
+    assert s.build_meta(SimpleNamespace(num_scheduled_tokens={"old": 600})).saves == []
+
+
+def test_multimodal_input_without_identifier_is_refused():
+    from kvtier.integrations.vllm.scheduler_side import KeyFieldsMissing
+
+    r = FakeRequest("m", _prompt(600), mm_features=[SimpleNamespace(identifier="")])
+    with pytest.raises(KeyFieldsMissing):
+        request_extra(r)
+    a = FakeRequest("a", _prompt(600), mm_features=[SimpleNamespace(identifier="img-1")])
+    b = FakeRequest("b", _prompt(600), mm_features=[SimpleNamespace(identifier="img-2")])
+    assert request_extra(a) != request_extra(b)

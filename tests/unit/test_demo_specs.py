@@ -46,7 +46,7 @@ def test_budgets_are_tokens_so_every_dtype_holds_the_same_share_of_the_working_s
     b16, b32 = (companion.budgets(companion.DEFAULT, f, WF) for f in (bf16, f32))
     assert (b16.engine_kv_tokens, b16.ram_tokens, b16.ssd_tokens) == (b32.engine_kv_tokens, b32.ram_tokens,
                                                                         b32.ssd_tokens)
-    assert b16.engine_kv_tokens == int(WF.working_set_tokens * companion.DEFAULT.engine_kv_fraction)
+    assert b16.engine_kv_tokens == -(-int(WF.working_set_tokens * companion.DEFAULT.engine_kv_fraction) // 128) * 128
     s16, s32 = (companion.server_specs(companion.DEFAULT, f, b)[2] for f, b in ((bf16, b16), (f32, b32)))
     assert s32.kv_cache_space_gib == pytest.approx(2 * s16.kv_cache_space_gib)
     assert s32.kvtier_config["store"]["memory"]["capacity"] == 2 * s16.kvtier_config["store"]["memory"]["capacity"]
@@ -103,3 +103,18 @@ def test_an_unreadable_calibration_is_one_line_and_exit_1(tmp_path, monkeypatch)
     res = CliRunner().invoke(app, ["demo", "--dtype", "float32", "--calibration", str(tmp_path / "nope.json"),
                                    "--out", str(tmp_path / "out")])
     assert res.exit_code == 1 and "cannot read a calibration" in res.output and "Traceback" not in res.output
+
+
+def test_longdoc_sharedfs_column_runs_on_a_fresh_server_with_empty_local_tiers(tmp_path) -> None:
+    from kvtier.config import deep_merge, load_config
+    from kvtier.demo.longdoc import COLUMNS, sharedfs_columns
+
+    cols = sharedfs_columns(tmp_path / "m1", tmp_path / "m2")
+    assert [c.key for c in cols[:-1]] == [c.key for c in COLUMNS]
+    last = cols[-1]
+    assert last.tier == "sharedfs" and last.server > max(c.server for c in COLUMNS)
+    base = {"store": {"disk": {"enabled": True, "path": str(tmp_path / "ssd")}}}
+    writer = load_config(overrides=deep_merge(base, cols[0].kvtier)).store
+    reader = load_config(overrides=deep_merge(base, last.kvtier)).store
+    assert writer.shared.path == tmp_path / "m1" and writer.disk.enabled
+    assert reader.shared.path == tmp_path / "m2" and not reader.disk.enabled

@@ -48,9 +48,9 @@ def test_get_into_without_promotion_then_background_promotion(tmp_path: Path) ->
         assert s.promote_later(keys) == 4
         assert s.promoter.wait_idle(10)
         assert s.lookup(keys).tiers == ("memory",) * 4
-        assert s.memory is not None
+        assert s.tier("memory") is not None
         for i, k in enumerate(keys):                            # promoted bytes are the verified payload
-            assert s.memory.get_into(k, memoryview(out)) is not None and bytes(out) == payload(i)
+            assert s.tier("memory").get_into(k, memoryview(out)) is not None and bytes(out) == payload(i)
         assert s.promote_later(keys) == 0                       # already in RAM: nothing queued
 
 
@@ -67,10 +67,10 @@ def test_promote_later_respects_promote_on_hit_and_orphans(tmp_path: Path) -> No
         assert s.promote_later(keys) == 0
     with TieredStore.open(cfg(tmp_path), NS) as s:
         s.delete(keys[2])
-        s.disk.delete(keys[0])        # keys[1]'s parent is now in no tier: it must not be promoted
+        s.tier("disk").delete(keys[0])        # keys[1]'s parent is now in no tier: it must not be promoted
         s.promote_later(keys[1:2])
         assert s.promoter.wait_idle(10)
-        assert s.memory is not None and not s.memory.contains(keys[1])
+        assert s.tier("memory") is not None and not s.tier("memory").contains(keys[1])
 
 
 def test_promoter_waits_while_busy(tmp_path: Path) -> None:
@@ -79,9 +79,9 @@ def test_promoter_waits_while_busy(tmp_path: Path) -> None:
         with s.busy():
             s.promote_later(keys)
             assert not s.promoter.wait_idle(0.3)               # paused: nothing promoted yet
-            assert s.memory is not None and not any(s.memory.contains(k) for k in keys)
+            assert s.tier("memory") is not None and not any(s.tier("memory").contains(k) for k in keys)
         assert s.promoter.wait_idle(10)
-        assert all(s.memory.contains(k) for k in keys)
+        assert all(s.tier("memory").contains(k) for k in keys)
 
 
 def test_promoter_bounded_and_survives_errors() -> None:
@@ -97,11 +97,15 @@ def test_promoter_bounded_and_survives_errors() -> None:
 
     p = Promoter(promote, max_pending=3)
     assert p.submit([b"bad", b"a", b"a", b"b"]) == 3       # deduplicated
+    assert p.dropped == 0
+    assert p.submit([b"c", b"d", b"e", b"f", b"g"]) <= 1   # the thread holds at most one: the queue is full
+    assert p.dropped >= 4                                   # the bound: extra keys are dropped and counted
     gate.set()
     assert p.wait_idle(5)
-    assert p.submit([b"c", b"d", b"e", b"f"]) >= 3
+    dropped = p.dropped
+    assert p.submit([b"h", b"i", b"j"]) == 3 and p.dropped == dropped   # room again once drained
     assert p.wait_idle(5)
-    assert seen[:2] == [b"a", b"b"] and b"c" in seen        # an exception did not stop the thread
+    assert seen[:2] == [b"a", b"b"] and b"h" in seen        # an exception did not stop the thread
     p.close()
     assert p.submit([b"x"]) == 0
 

@@ -64,7 +64,7 @@ def _writer(path: str, seed: int, out: mp.Queue) -> None:
                         checks += 1
                         if bytes(buf) != expected(k):
                             errors.append("writer read wrong bytes")
-                    u = store.disk.usage()
+                    u = store.tier("disk").usage()
                     if u.used_bytes > u.capacity_bytes:
                         errors.append(f"ledger {u.used_bytes} over budget {u.capacity_bytes}")
             store.flush(30)

@@ -12,8 +12,12 @@ environment variables apply too (``kvtier.config.load_config``: file <- env <- d
 vLLM builds one instance per role: SCHEDULER (in the EngineCore process) delegates to
 ``SchedulerSide``, WORKER (in each worker process) to ``WorkerSide``. Each process opens
 the store through ``kvtier.store.shared_store`` (one instance per process and namespace).
-Loads are synchronous, before the forward pass; saves copy out of the paged buffers in
-``wait_for_save`` and are written to the tiers in the background by the store.
+Loads from the local tiers are synchronous, before the forward pass; a claim that includes
+shared-tier chunks is loaded asynchronously (``load_kv_async``; ``get_finished`` reports
+it); saves copy out of the paged buffers in ``wait_for_save`` and are written to the tiers
+in the background by the store. ``get_num_new_matched_tokens`` may return ``(None, False)``
+("ask again") while the shared tier's existence answer is pending (bounded by
+``store.shared.lookup_timeout_s``).
 """
 
 from __future__ import annotations
@@ -122,19 +126,22 @@ class KvtierConnector(KVConnectorBase_V1):
         self._worker: WorkerSide | None = None
         role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
         if role == KVConnectorRole.SCHEDULER:
-            mem = cfg.store.memory
+            mem, disk = cfg.store.memory, cfg.store.disk
             chunk_bytes = _chunk_bytes(vllm_config, self.namespace.chunk_size)
+            local_budget = (mem.capacity if mem.enabled else 0) + (disk.capacity if disk.enabled else 0)
             self._sched = SchedulerSide(
                 self.store, self.namespace, block_size=block_size, save=cfg.connector.save,
                 min_hit_chunks=cfg.connector.min_hit_chunks, metrics=self.metrics,
                 request_log=RequestLog(cfg.connector.request_log),
-                worker_key_capacity=(mem.capacity // chunk_bytes) if mem.enabled and self._worker_elsewhere else 0)
+                worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
+                shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5)
             port = cfg.metrics.port
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
                                       load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics,
                                       promote=cfg.connector.promote, background_cpus=cfg.connector.background_cpus,
-                                      promote_min_hits=cfg.connector.promote_min_hits)
+                                      promote_min_hits=cfg.connector.promote_min_hits,
+                                      always_report=self.namespace.tp_size > 1)
             port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
         if port:
             serve(port, cfg.metrics.host)
@@ -163,7 +170,13 @@ class KvtierConnector(KVConnectorBase_V1):
             self._worker.load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are synchronous in start_load_kv
+        return  # local loads are synchronous in start_load_kv; shared-tier loads are per request
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None:
+            return None, None
+        done = self._worker.get_finished(finished_req_ids)
+        return None, (done or None)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: "AttentionMetadata",
                       **kwargs: Any) -> None:
@@ -200,7 +213,10 @@ class KvtierConnector(KVConnectorBase_V1):
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._sched is None or self._unsupported:
             return 0, False
-        return self._sched.num_new_matched_tokens(request, num_computed_tokens), False
+        n = self._sched.num_new_matched_tokens(request, num_computed_tokens)
+        if n is None:
+            return None, False          # the shared tier's answer is pending: ask again next step
+        return n, bool(n) and self._sched.load_async(request)
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks",
                                  num_external_tokens: int) -> None:
@@ -227,8 +243,10 @@ class KvtierConnector(KVConnectorBase_V1):
         meta = connector_output.kv_connector_worker_meta
         if self._sched is not None and isinstance(meta, KvtierWorkerMetadata):
             self._sched.on_worker_meta(meta)
+        if self._sched is not None:
+            self._sched.on_finished_recving(connector_output.finished_recving)
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        if self._sched is not None:
-            self._sched.finished(request)
-        return False, None  # saves copied out of the blocks already; free them now
+        delay = self._sched.finished(request) if self._sched is not None else False
+        # saves copied out of the blocks already; free them now unless an async load still writes them
+        return delay, None

@@ -22,12 +22,16 @@ class LoadChunk:
 
 @dataclass(frozen=True)
 class LoadPlan:
-    """One request's load for this step: tokens ``[start_token, end_token)`` in ``chunks``."""
+    """One request's load for this step: tokens ``[start_token, end_token)`` in ``chunks``.
+
+    ``async_load``: the claim includes chunks of a shared (network) tier: the worker loads it on a
+    background thread and reports the request in ``get_finished`` (vLLM's ``load_kv_async``)."""
 
     req_id: str
     start_token: int
     end_token: int
     chunks: tuple[LoadChunk, ...]
+    async_load: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,24 +65,44 @@ class LoadOutcome:
 
 @dataclass
 class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
-    """Worker -> scheduler, once per step: load outcomes and keys the worker now holds."""
+    """Worker -> scheduler, once per step: load outcomes and what changed in the worker's tiers.
+
+    ``stored_keys`` (with ``stored_tiers``, the top local tier now holding each) entered the
+    worker's local tiers (saved, demoted or promoted); ``evicted_keys`` left every local tier
+    of the worker; ``missing_keys`` were claimed but could not be loaded.
+
+    Tensor parallel: vLLM folds the ranks' reports with ``aggregate``. A chunk is available
+    only where **every** rank stored it (each rank holds its own slice of the KV), so stored
+    keys are intersected, missing/evicted keys are united, and a load counts as far as the
+    rank that loaded least. Every rank of a TP>1 engine reports each step (``always_report``),
+    even when it has nothing to say, so an empty rank empties the intersection."""
 
     pid: int = 0
     loads: dict[str, LoadOutcome] = field(default_factory=dict)
     stored_keys: list[bytes] = field(default_factory=list)
     missing_keys: list[bytes] = field(default_factory=list)   # claimed but not loadable any more
+    stored_tiers: list[str] = field(default_factory=list)     # parallel to stored_keys ("" = unknown)
+    evicted_keys: list[bytes] = field(default_factory=list)
+
+    def tier_of(self) -> dict[bytes, str]:
+        tiers = self.stored_tiers + [""] * (len(self.stored_keys) - len(self.stored_tiers))
+        return dict(zip(self.stored_keys, tiers))
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> "KvtierWorkerMetadata":
         if not isinstance(other, KvtierWorkerMetadata):
             return self
-        loads = dict(self.loads)
-        for req_id, o in other.loads.items():
-            mine = loads.get(req_id)
+        loads: dict[str, LoadOutcome] = {}
+        for req_id in list(self.loads) + [r for r in other.loads if r not in self.loads]:
+            mine, theirs = self.loads.get(req_id), other.loads.get(req_id)
+            if mine is None or theirs is None:   # an async load another rank reports in another step
+                loads[req_id] = mine or theirs   # type: ignore[assignment]
+                continue
             # TP ranks: a request's load counts only as far as every rank loaded it.
-            loads[req_id] = o if mine is None else LoadOutcome(
-                min(mine.loaded_tokens, o.loaded_tokens), max(mine.failed_tokens, o.failed_tokens),
-                mine.error or o.error)
-        mine_keys = set(self.stored_keys)
-        return KvtierWorkerMetadata(self.pid, loads,
-                                    self.stored_keys + [k for k in other.stored_keys if k not in mine_keys],
-                                    self.missing_keys + other.missing_keys)
+            loads[req_id] = LoadOutcome(min(mine.loaded_tokens, theirs.loaded_tokens),
+                                        max(mine.failed_tokens, theirs.failed_tokens), mine.error or theirs.error)
+        their_keys = set(other.stored_keys)
+        mine_tiers = self.tier_of()
+        stored = [k for k in self.stored_keys if k in their_keys]          # intersection, in order
+        gone = self.evicted_keys + [k for k in other.evicted_keys if k not in set(self.evicted_keys)]
+        missing = self.missing_keys + [k for k in other.missing_keys if k not in set(self.missing_keys)]
+        return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone)

@@ -12,7 +12,15 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
 - Chunks the store already holds are never saved again; preemption restarts the request
   (vLLM calls ``num_new_matched_tokens`` again); ``finished`` (also abort) drops its state.
 - Worker reports (``on_worker_meta``) record what was actually loaded per request, next to
-  what was claimed, in the request log (JSON lines) and the metrics.
+  what was claimed, in the request log (JSON lines) and the metrics, and feed the
+  ``Directory`` of the worker's chunks (stored, promoted, evicted).
+- No data-plane I/O on EngineCore's loop: local availability is the store's index lookup
+  plus the directory; a shared tier is asked once per request, off the loop
+  (``RemoteLookups``); while that answer is pending ``num_new_matched_tokens`` returns None
+  (vLLM asks again next step), at most ``store.shared.lookup_timeout_s``. A claim that
+  includes shared-tier chunks is loaded asynchronously (``load_async``): the request waits
+  in vLLM's WAITING_FOR_REMOTE_KVS while others run; ``finished`` delays freeing its blocks
+  while that load is in flight.
 """
 
 from __future__ import annotations
@@ -22,11 +30,11 @@ import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from kvtier.integrations.vllm.directory import Directory, RemoteLookups
 from kvtier.integrations.vllm.metadata import (
     KvtierConnectorMetadata,
     KvtierWorkerMetadata,
@@ -43,22 +51,44 @@ log = logging.getLogger("kvtier.connector")
 
 
 class LookupStore(Protocol):
+    """What the scheduler needs of the store: index-only lookups and the shared tier's query."""
+
     def lookup(self, keys: Sequence[ChunkKey]) -> Any: ...
+    def has_remote(self) -> bool: ...
+    def shared_prefix(self, keys: Sequence[ChunkKey], deadline: Any) -> Any: ...
+
+
+#: Request attributes the chunk key is built from besides the token ids. vLLM 0.32's ``Request`` has
+#: all three (None / empty when unused); if an engine version drops or renames one, two requests
+#: that differ in it would share keys — so such a request is not cached at all (counted).
+KEY_FIELDS = ("lora_request", "cache_salt", "mm_features")
+
+
+class KeyFieldsMissing(ValueError):
+    """The request object lacks an attribute the chunk key depends on (engine API change)."""
 
 
 def request_extra(request: Any) -> bytes:
-    """Extra key bytes for everything besides token ids that changes KV: LoRA, cache salt, mm inputs."""
+    """Extra key bytes for everything besides token ids that changes KV: LoRA, cache salt, mm inputs.
+
+    Raises KeyFieldsMissing when ``request`` lacks one of ``KEY_FIELDS``: never merge keys silently."""
+    missing = [f for f in KEY_FIELDS if not hasattr(request, f)]
+    if missing:
+        raise KeyFieldsMissing(f"request has no {', '.join(missing)}")
     parts: list[str] = []
-    lora = getattr(request, "lora_request", None)
+    lora = request.lora_request
     if lora is not None:
         parts.append(f"lora={getattr(lora, 'lora_name', '')}:{getattr(lora, 'lora_int_id', '')}:"
                      f"{getattr(lora, 'lora_path', '')}")
-    salt = getattr(request, "cache_salt", None)
+    salt = request.cache_salt
     if salt:
         parts.append(f"salt={salt}")
-    mm = [str(getattr(f, "identifier", "")) for f in (getattr(request, "mm_features", None) or [])]
+    features = request.mm_features or []
+    mm = [getattr(f, "identifier", None) for f in features]
+    if any(not m for m in mm):
+        raise KeyFieldsMissing("a multimodal input has no identifier (hash)")
     if mm:
-        parts.append("mm=" + ",".join(mm))
+        parts.append("mm=" + ",".join(str(m) for m in mm))
     return "\x1f".join(parts).encode() if parts else b""
 
 
@@ -73,6 +103,9 @@ class _ReqState:
     next_save_chunk: int = 0
     claimed_total: int = 0
     tiers: tuple[str, ...] = field(default_factory=tuple)
+    claim_async: bool = False       # the last claim includes shared-tier chunks
+    pending_async: bool = False
+    remote_failed: bool = False     # a load from the shared tier failed: never claim from it again
 
 
 class RequestLog:
@@ -97,7 +130,8 @@ class RequestLog:
 class SchedulerSide:
     def __init__(self, store: LookupStore, namespace: Namespace, *, block_size: int, save: bool,
                  min_hit_chunks: int, metrics: "ConnectorMetrics | None" = None,
-                 request_log: RequestLog | None = None, worker_key_capacity: int = 0) -> None:
+                 request_log: RequestLog | None = None, worker_key_capacity: int = 0,
+                 shared_lookup_timeout_s: float = 0.5) -> None:
         self.store = store
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -108,10 +142,16 @@ class SchedulerSide:
         self.metrics = metrics
         self.log = request_log or RequestLog(None)
         self._reqs: dict[str, _ReqState] = {}
-        # Keys a worker in ANOTHER process reported stored (its RAM tier is invisible here).
-        self._worker_keys: OrderedDict[bytes, None] = OrderedDict()
-        self._worker_key_capacity = worker_key_capacity
+        self._refused: set[str] = set()       # requests not cached: a key field is missing (counted once)
+        # What a worker in ANOTHER process reported in its tiers (invisible here otherwise).
+        self.directory = Directory(worker_key_capacity)
         self._block_ids_of = None  # set by bind(); req_id -> list[int] (group 0)
+        self._remote: RemoteLookups | None = None
+        if store.has_remote():
+            self._remote = RemoteLookups(store.shared_prefix, shared_lookup_timeout_s,
+                                         on_timeout=(lambda: metrics.error("shared_lookup_timeout"))
+                                         if metrics else None)
+        self._loading: set[str] = set()     # requests with an asynchronous load in flight
 
     def bind(self, block_ids_of) -> None:
         self._block_ids_of = block_ids_of
@@ -123,16 +163,27 @@ class SchedulerSide:
             tokens = request.prompt_token_ids
             if tokens is None:  # prompt embeddings: not cacheable by token ids
                 return None
-            st = _ReqState(request, chunk_keys(self.namespace, tokens, request_extra(request)))
+            try:
+                extra = request_extra(request)
+            except KeyFieldsMissing as e:
+                if request.request_id not in self._refused:
+                    self._refused.add(request.request_id)
+                    log.error("kvtier: not caching request %s: %s (the key would merge what must differ)",
+                              request.request_id, e)
+                    if self.metrics:
+                        self.metrics.error("key_fields_missing")
+                return None
+            st = _ReqState(request, chunk_keys(self.namespace, tokens, extra))
             self._reqs[request.request_id] = st
         return st
 
     def _available_chunks(self, keys: Sequence[ChunkKey]) -> tuple[int, tuple[str, ...]]:
         n, tiers = 0, []
         while n < len(keys):
-            if keys[n] in self._worker_keys:
+            where = self.directory.get(keys[n])
+            if where is not None:
                 n += 1
-                tiers.append("worker")
+                tiers.append(where)
                 continue
             try:
                 res = self.store.lookup(keys[n:])
@@ -147,22 +198,39 @@ class SchedulerSide:
             tiers.extend(res.tiers[: res.num_chunks])
         return n, tuple(tiers)
 
-    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int:
+    def num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> int | None:
+        """Tokens to load beyond ``num_computed_tokens``; None = ask again (the shared tier's
+        answer is pending, at most ``shared_lookup_timeout_s``)."""
         st = self._state(request)
         if st is None or not st.keys:
             return 0
         n, tiers = self._available_chunks(st.keys)
-        st.stored_chunks = n
-        st.tiers = tiers
         # Whole blocks, and never the prompt's last token (vLLM must compute >= 1 token): the
         # last chunk may be loaded in part, so a full hit leaves the same tail as vLLM's own cache.
         limit = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
+        useful = min(len(st.keys), -(-limit // self.chunk_size))   # chunks that can add tokens
+        local = n
+        if (self._remote is not None and not st.remote_failed and n < useful
+                and limit > max(n * self.chunk_size, num_computed_tokens)):
+            more = self._remote.answer(request.request_id, st.keys, n)
+            if more is None:
+                return None
+            n += more
+            tiers = tiers + ("shared",) * more
+        st.stored_chunks = n
+        st.tiers = tiers
         hit_tokens = 0 if n < self.min_hit_chunks else min(n * self.chunk_size, limit)
         claim = max(0, hit_tokens - num_computed_tokens)
         st.claim_start, st.claim_end = (num_computed_tokens, hit_tokens) if claim else (0, 0)
+        st.claim_async = claim > 0 and hit_tokens > local * self.chunk_size
         if self.metrics:
             self.metrics.lookup()
         return claim
+
+    def load_async(self, request: Any) -> bool:
+        """Whether the last claim of ``request`` must be loaded asynchronously (shared-tier chunks)."""
+        st = self._reqs.get(request.request_id)
+        return st is not None and st.claim_async and st.claim_end > st.claim_start
 
     def hit_tiers(self, request: Any, num_external_tokens: int) -> dict[str, int]:
         st = self._reqs.get(request.request_id)
@@ -186,6 +254,7 @@ class SchedulerSide:
             self.metrics.admitted(request.num_prompt_tokens, self.hit_tiers(request, num_external_tokens))
         if num_external_tokens <= 0:
             st.pending_load = None
+            st.pending_async = False
             return
         end = st.claim_end
         start = end - num_external_tokens
@@ -196,26 +265,40 @@ class SchedulerSide:
             if self.metrics:
                 self.metrics.error("claim_mismatch")
         st.pending_load = (start, end)
+        st.pending_async = st.claim_async
         st.claimed_total += end - start
 
     def build_meta(self, scheduler_output: Any) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata()
-        for req_id, num_new in scheduler_output.num_scheduled_tokens.items():
+        scheduled = scheduler_output.num_scheduled_tokens
+        # asynchronous loads: vLLM does not schedule the request (it waits for its KV) this step
+        for req_id in [r for r, st in self._reqs.items() if st.pending_async and st.pending_load and r not in scheduled]:
+            self._emit_load(meta, req_id, self._reqs[req_id])
+        for req_id, num_new in scheduled.items():
             st = self._reqs.get(req_id)
             if st is None:
                 continue
-            table = self._block_ids_of(req_id) if self._block_ids_of else []
-            if st.pending_load is not None:
-                start, end = st.pending_load
-                st.pending_load = None
-                plan = self._load_plan(req_id, st, start, end, table)
-                if plan is not None:
-                    meta.loads.append(plan)
-                    self.log.write("claim", req=req_id, prompt_tokens=st.request.num_prompt_tokens,
-                                   local_tokens=start, claimed_tokens=end - start)
+            table = self._emit_load(meta, req_id, st)
             if self.save:
                 meta.saves.extend(self._save_chunks(req_id, st, num_new, table))
         return meta
+
+    def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: _ReqState) -> list[int]:
+        """Turn the request's pending load (if any) into a plan in ``meta``; its block table."""
+        table = self._block_ids_of(req_id) if self._block_ids_of else []
+        if st.pending_load is None:
+            return table
+        start, end = st.pending_load
+        st.pending_load = None
+        plan = self._load_plan(req_id, st, start, end, table)
+        st.pending_async = False
+        if plan is not None:
+            meta.loads.append(plan)
+            if plan.async_load:
+                self._loading.add(req_id)
+            self.log.write("claim", req=req_id, prompt_tokens=st.request.num_prompt_tokens,
+                           local_tokens=start, claimed_tokens=end - start, async_load=plan.async_load)
+        return table
 
     def _load_plan(self, req_id: str, st: _ReqState, start: int, end: int, table: list[int]) -> LoadPlan | None:
         bpc, bs, c = self.blocks_per_chunk, self.block_size, self.chunk_size
@@ -227,7 +310,7 @@ class SchedulerSide:
             first = (max(start, ci * c) - ci * c) // bs
             last = (min(end, (ci + 1) * c) - ci * c) // bs
             chunks.append(LoadChunk(bytes(st.keys[ci]), tuple(table[ci * bpc + first:ci * bpc + last]), first))
-        return LoadPlan(req_id, start, end, tuple(chunks))
+        return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async)
 
     def _save_chunks(self, req_id: str, st: _ReqState, num_new: int, table: list[int]) -> list[SaveChunk]:
         req = st.request
@@ -246,21 +329,34 @@ class SchedulerSide:
         return out
 
     # -- completion ------------------------------------------------------------------------
-    def finished(self, request: Any) -> None:
+    def finished(self, request: Any) -> bool:
+        """Drop the request's state; True = vLLM must not free its blocks yet (an asynchronous
+        load still writes into them; the worker's ``finished_recving`` releases them)."""
         self._reqs.pop(request.request_id, None)
+        self._refused.discard(request.request_id)
+        if self._remote is not None:
+            self._remote.forget(request.request_id)
+        return request.request_id in self._loading
+
+    def on_finished_recving(self, req_ids) -> None:
+        for r in req_ids or ():
+            self._loading.discard(r)
 
     def on_worker_meta(self, meta: KvtierWorkerMetadata) -> None:
         for req_id, o in meta.loads.items():
             self.log.write("load", req=req_id, loaded_tokens=o.loaded_tokens, failed_tokens=o.failed_tokens,
                            error=o.error)
+            st = self._reqs.get(req_id)
+            if o.failed_tokens and st is not None and st.claim_async:
+                st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
         self.forget_worker_keys(meta.missing_keys)
-        if meta.pid != os.getpid() and self._worker_key_capacity > 0:
-            for k in meta.stored_keys:
-                self._worker_keys[k] = None
-                self._worker_keys.move_to_end(k)
-            while len(self._worker_keys) > self._worker_key_capacity:
-                self._worker_keys.popitem(last=False)
+        self.forget_worker_keys(meta.evicted_keys)
+        if meta.pid != os.getpid():
+            self.directory.stored(meta.stored_keys, meta.stored_tiers)
 
     def forget_worker_keys(self, keys: Sequence[bytes]) -> None:
-        for k in keys:
-            self._worker_keys.pop(k, None)
+        self.directory.forget(keys)
+
+    def close(self) -> None:
+        if self._remote is not None:
+            self._remote.close()

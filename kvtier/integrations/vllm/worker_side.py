@@ -15,9 +15,16 @@ Contract:
   "background"`` chunks are read with ``promote=False`` and handed to the store's
   idle-priority promoter once the load is done (the promoter pauses while a load runs),
   which copies a chunk at its ``promote_min_hits``-th SSD hit (one-off reads cost nothing).
+- Plans marked ``async_load`` (the claim includes shared-tier chunks) go to the
+  ``AsyncLoader`` thread instead (``async_loads.py``); ``get_finished`` reports them done
+  and their failed blocks come with ``take_load_errors`` in the same step.
 - ``save`` (from ``wait_for_save``) gathers each fully computed chunk into a staging
   buffer and hands it to ``store.put``, which copies it before returning and writes the
   tiers in the background. When ``save`` returns, nothing references vLLM's blocks.
+- Reports (``take_worker_meta``): the store's events (``store.subscribe``) become the keys
+  stored/promoted into, and evicted from, this worker's local tiers — the scheduler's
+  directory of what is where. A key evicted from one tier but still in another is
+  reported as stored there; ``evicted_keys`` left every local tier.
 """
 
 from __future__ import annotations
@@ -25,12 +32,16 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 import time
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
+from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
+from kvtier.integrations.vllm.reports import TierReports
 from kvtier.promoter import run_in_thread_on_any_cpu
+from kvtier.tiers.protocol import Deadline
 
 if TYPE_CHECKING:
     import torch
@@ -41,9 +52,18 @@ log = logging.getLogger("kvtier.connector")
 
 
 class ChunkStore(Protocol):
-    def get(self, key: Any) -> Any: ...
+    """What the worker needs of the store (``kvtier.store.TieredStore`` provides it)."""
+
+    def get_into(self, key: Any, out: memoryview, *, promote: bool | None = None,
+                 deadline: Deadline | None = None) -> int | None: ...
     def put(self, key: Any, parent: Any, payload: Any, *, num_tokens: int, shape: tuple[int, ...],
             dtype: str) -> bool: ...
+    def busy(self) -> ContextManager[None]: ...
+    def promote_later(self, keys: Sequence[Any], min_hits: int = 1) -> int: ...
+    def prepare_memory(self, payload_len: int) -> bool: ...
+    def start_background_threads(self) -> None: ...
+    def subscribe(self, listener: Callable[[Any], None]) -> Callable[[], None]: ...
+    def where(self, key: Any) -> str | None: ...
 
 
 PREFETCH_DEPTH = 2   # chunk reads in flight ahead of the block copies
@@ -76,7 +96,8 @@ def _natural_key(name: str) -> list:
 class WorkerSide:
     def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
-                 promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2) -> None:
+                 promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2,
+                 always_report: bool = False) -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -97,8 +118,15 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._outcomes: dict[str, LoadOutcome] = {}
-        self._stored: list[bytes] = []
         self._missing: list[bytes] = []
+        self.always_report = always_report       # TP > 1: every rank reports every step (see metadata)
+        self._events_lock = threading.Lock()     # async-load errors
+        self.reports = TierReports(store.where)
+        self._unsubscribe: Callable[[], None] | None = None
+        self._async: AsyncLoader | None = None
+        self._async_buf: "torch.Tensor | None" = None
+        self._async_errors: set[int] = set()
+        self._failed_async_now: list[str] = []
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
@@ -134,6 +162,8 @@ class WorkerSide:
         # prefault) would compete with the forward pass there, so they may run on any CPU; the load's
         # reader threads stay on the engine's cores, which wait for the load anyway.
         self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
+        if self._unsubscribe is None:
+            self._unsubscribe = self.store.subscribe(self.reports.on_event)
         if self.background_any_cpu:
             run_in_thread_on_any_cpu(self._start_background_threads)
         else:
@@ -144,14 +174,11 @@ class WorkerSide:
     def _start_background_threads(self) -> None:
         """Create the store's long-lived threads (they inherit this thread's CPU affinity): the
         promoter, the disk writers and the RAM slab's prefault."""
-        for name in ("prepare_memory", "start_background_threads"):
-            fn = getattr(self.store, name, None)
-            if fn is None:
-                continue
-            try:
-                fn(self.chunk_nbytes) if name == "prepare_memory" else fn()
-            except Exception as e:  # an optimisation only
-                log.warning("kvtier: %s failed: %s", name, e)
+        try:
+            self.store.prepare_memory(self.chunk_nbytes)
+            self.store.start_background_threads()
+        except Exception as e:  # an optimisation only
+            log.warning("kvtier: starting the store's background threads failed: %s", e)
 
     def _bytes(self, buf: "torch.Tensor") -> memoryview:
         import torch
@@ -169,30 +196,20 @@ class WorkerSide:
         ok, err = self._read_chunk_into(key, buf)
         return ok, err, time.perf_counter() - t0
 
-    def _read_chunk_into(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None]:
+    def _read_chunk_into(self, key: bytes, buf: "torch.Tensor", deadline: Deadline | None = None,
+                         promote: bool | None = None) -> tuple[bool, str | None]:
         out = self._bytes(buf)
+        if promote is None:
+            promote = False if self.promote_background else None
         try:
-            get_into = getattr(self.store, "get_into", None)
-            if get_into is not None:
-                if self.promote_background and hasattr(self.store, "promote_later"):
-                    n = get_into(key, out, promote=False)
-                else:
-                    n = get_into(key, out)
-                if n is None:
-                    return False, "miss"
-                if n != self.chunk_nbytes:
-                    return False, "size"
-                return True, None
-            data = self.store.get(key)
+            n = self.store.get_into(key, out, promote=promote, deadline=deadline)
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
             return False, "store_exception"
-        if data is None:
+        if n is None:
             return False, "miss"
-        mv = memoryview(data).cast("B")
-        if mv.nbytes != self.chunk_nbytes:
+        if n != self.chunk_nbytes:
             return False, "size"
-        out[:] = mv
         return True, None
 
     def _read_buffers(self) -> list["torch.Tensor"]:
@@ -208,14 +225,18 @@ class WorkerSide:
         checksums overlap the copies into vLLM's blocks); the copies stay in request order."""
         if not meta.loads:
             return
-        busy = getattr(self.store, "busy", None)
+        sync = [p for p in meta.loads if not p.async_load]
+        for plan in meta.loads:
+            if plan.async_load:
+                self._load_async(plan)
+        if not sync:
+            return
+        if len(sync) != len(meta.loads):
+            meta = KvtierConnectorMetadata(loads=sync, saves=meta.saves)
         t0 = time.perf_counter()
-        if busy is None:
+        with self.store.busy():      # background promotion waits: it would compete for the disk and the CPU
             loaded = self._load(meta)
-        else:
-            with busy():      # background promotion waits: it would compete for the disk and the CPU
-                loaded = self._load(meta)
-        if loaded and self.promote_background and hasattr(self.store, "promote_later"):
+        if loaded and self.promote_background:
             try:
                 self.store.promote_later(loaded, self.promote_min_hits)
             except Exception as e:  # promotion is an optimisation: never fail a load for it
@@ -322,8 +343,6 @@ class WorkerSide:
                 ok = False
                 if self.metrics:
                     self.metrics.error("store_exception")
-            if ok:
-                self._stored.append(ch.key)
             if self.metrics:
                 self.metrics.stored(self.chunk_nbytes if ok else 0, time.perf_counter() - t0, dropped=not ok)
 
@@ -331,14 +350,72 @@ class WorkerSide:
         """Called after the step's saves: failed requests may save again next step."""
         self._failed_reqs.clear()
 
+    # -- asynchronous loads (shared tier) -------------------------------------------------------
+    def _load_async(self, plan) -> None:
+        """Hand ``plan`` to the background loader (its blocks stay reserved for it until vLLM
+        hears of it in ``get_finished``)."""
+        import torch
+
+        if self.disabled is not None:
+            with self._events_lock:
+                self._async_errors.update(b for ch in plan.chunks for b in ch.block_ids)
+            self._outcomes[plan.req_id] = LoadOutcome(0, plan.end_token - plan.start_token, "disabled")
+            self._failed_async_now.append(plan.req_id)
+            return
+        if self._async is None:
+            assert self._staging is not None
+            self._async_buf = torch.empty_like(self._staging)
+            self._async = AsyncLoader(self._read_async, self._scatter_async, block_size=self.block_size,
+                                      load_timeout_s=self.load_timeout_s)
+        self._async.submit(plan)
+
+    def _read_async(self, key: bytes, deadline: float) -> tuple[bool, str | None]:
+        assert self._async_buf is not None
+        # shared-tier hits are promoted into the local tiers on this (background) thread
+        return self._read_chunk_into(key, self._async_buf, Deadline(deadline), promote=True)
+
+    def _scatter_async(self, block_ids: tuple[int, ...], first_block: int) -> None:
+        assert self._async_buf is not None
+        self.layout.scatter(self.layers, block_ids, self._async_buf, first_block=first_block)
+
+    def get_finished(self, finished_req_ids: set[str]) -> set[str]:
+        """Requests whose asynchronous load completed (ok or not) since the last call; their
+        failed blocks are added to what ``take_load_errors`` returns next (same step)."""
+        done_ids: set[str] = set(self._failed_async_now)
+        self._failed_async_now = []
+        if self._async is not None:
+            for d in self._async.take_done():
+                done_ids.add(d.req_id)
+                self._outcomes[d.req_id] = d.outcome
+                self._async_errors.update(d.error_blocks)
+                self._missing.extend(d.missing)
+                if self.metrics:
+                    self.metrics.loaded(d.outcome.loaded_tokens * self.chunk_nbytes // self.chunk_size,
+                                        d.seconds, d.outcome.loaded_tokens)
+                    if d.outcome.error:
+                        self.metrics.error("load_" + d.outcome.error)
+        return done_ids
+
     # -- reports -----------------------------------------------------------------------------
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
+        with self._events_lock:
+            errors |= self._async_errors
+            self._async_errors = set()
         return errors
 
     def take_worker_meta(self) -> KvtierWorkerMetadata | None:
-        if not (self._outcomes or self._stored or self._missing):
+        stored, evicted = self.reports.take()
+        if not (self._outcomes or stored or evicted or self._missing or self.always_report):
             return None
-        meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, self._stored, self._missing)
-        self._outcomes, self._stored, self._missing = {}, [], []
+        meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
+                                    list(stored.values()), evicted)
+        self._outcomes, self._missing = {}, []
         return meta
+
+    def close(self) -> None:
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._async is not None:
+            self._async.close()

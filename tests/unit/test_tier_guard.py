@@ -1,0 +1,144 @@
+"""GuardedTier: bounded threads, deadlines, circuit breaker with a background probe, events once
+per burst — against a fake backend that stalls (like a SIGSTOPped server or FUSE mount) or fails."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kvtier.chunk import ChunkMeta
+from kvtier.config import SharedFsConfig
+from kvtier.keys import Namespace, chunk_keys
+from kvtier.metrics import Telemetry
+from kvtier.tiers.guard import GuardedTier
+from kvtier.tiers.protocol import Deadline, Status, WriteItem
+from tests.unit.fake_tiers import DictSharedTier
+
+NS = Namespace("m", "f", "float32", "L", 4, 4)
+P = 4096
+
+
+def wait_for(cond, timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+@pytest.fixture
+def guarded(tmp_path: Path):
+    inner = DictSharedTier()
+    tm = Telemetry()
+    cfg = SharedFsConfig(path=tmp_path, max_inflight=3, lookup_timeout_s=0.2, io_timeout_s=0.3, probe_interval_s=0.05)
+    g = GuardedTier.wrap(inner, cfg, tm)
+    yield g, inner, tm
+    inner.resume()
+    g.close()
+
+
+def meta(key: bytes) -> ChunkMeta:
+    return ChunkMeta(key, None, 4, (P,), "uint8", P)
+
+
+def events(tm: Telemetry) -> dict[str, int]:
+    return {k.removeprefix("events."): v for k, v in tm.snapshot().items() if k.startswith("events.")}
+
+
+def test_passes_through_when_healthy(guarded) -> None:
+    g, inner, _ = guarded
+    keys = chunk_keys(NS, list(range(16)))
+    assert g.capabilities.shared and g.name == inner.name
+    buf = bytearray(range(256)) * (P // 256)
+    assert all(g.write([WriteItem(meta(k), memoryview(buf)) for k in keys[:3]]))
+    buf[:] = b"\0" * P                              # no release: the guard copied before returning
+    assert g.flush(5)
+    res = g.longest_prefix(keys, Deadline.after(5))
+    assert (res.num_chunks, res.status) == (3, Status.MISS)
+    out = [bytearray(P) for _ in keys[:4]]
+    got = g.read_into(keys[:4], out, Deadline.after(5))
+    assert [r.status for r in got] == [Status.HIT] * 3 + [Status.MISS]
+    assert bytes(out[0]) == bytes(bytearray(range(256)) * (P // 256))
+
+
+def test_stalled_backend_times_out_opens_breaker_and_recovers(guarded) -> None:
+    g, inner, tm = guarded
+    keys = chunk_keys(NS, list(range(8)))
+    inner.stall()
+    t0 = time.monotonic()
+    res = g.longest_prefix(keys, Deadline.after(30))      # capped at lookup_timeout_s = 0.2
+    assert res.status is Status.UNAVAILABLE and time.monotonic() - t0 < 5
+    assert g.breaker.is_open
+    calls = inner.calls
+    for _ in range(50):                                   # open: answered at once, no new I/O
+        assert g.longest_prefix(keys, Deadline.after(30)).status is Status.UNAVAILABLE
+        assert g.read_into(keys[:1], [bytearray(P)], Deadline.after(30))[0].status is Status.UNAVAILABLE
+    assert inner.calls == calls and g.breaker.refused >= 100
+    assert events(tm)["unavailable"] == 1                 # once per burst, not per call
+    assert inner.max_blocked <= 3                         # at most max_inflight threads stuck
+    inner.resume()
+    assert wait_for(lambda: not g.breaker.is_open)        # the probe saw it answer again
+    assert g.longest_prefix(keys, Deadline.after(5)).status is Status.MISS
+    assert events(tm)["recovered"] == 1
+
+
+def test_threads_stuck_in_a_stall_are_bounded(guarded) -> None:
+    g, inner, tm = guarded
+    keys = chunk_keys(NS, list(range(8)))
+    inner.stall()
+    results: list = []
+
+    def caller() -> None:
+        results.append(g.read_into(keys[:1], [bytearray(P)], Deadline.after(0.3))[0].status)
+    callers = [threading.Thread(target=caller) for _ in range(20)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(10)
+    assert results == [Status.UNAVAILABLE] * 20           # every caller came back by its deadline
+    assert inner.max_blocked <= 3
+    assert events(tm)["unavailable"] == 1
+
+
+def test_late_answer_never_lands_in_the_callers_buffer(guarded) -> None:
+    g, inner, _ = guarded
+    k = chunk_keys(NS, list(range(4)))[0]
+    inner.data[k] = (meta(k), b"\x07" * P)
+    inner.stall()
+    out = bytearray(P)
+    assert g.read_into([k], [out], Deadline.after(0.1))[0].status is Status.UNAVAILABLE
+    out[:] = b"\x01" * P                                  # caller reuses its buffer
+    inner.resume()
+    assert wait_for(lambda: inner.blocked == 0)
+    time.sleep(0.05)
+    assert bytes(out) == b"\x01" * P
+
+
+def test_failing_backend_is_unavailable_and_writes_are_dropped(guarded) -> None:
+    g, inner, tm = guarded
+    keys = chunk_keys(NS, list(range(40)))
+    inner.fail = True
+    assert g.longest_prefix(keys, Deadline.after(5)).status is Status.UNAVAILABLE
+    assert g.breaker.is_open
+    released = []
+    ok = g.write([WriteItem(meta(k), memoryview(bytearray(P)), lambda: released.append(1)) for k in keys])
+    assert not any(ok) and len(released) == len(keys)     # dropped, every pinned buffer released
+    assert events(tm)["dropped_store"] == 1               # once per burst
+    inner.fail = False
+    assert wait_for(lambda: not g.breaker.is_open)
+
+
+def test_write_backlog_is_bounded_while_stalled(guarded) -> None:
+    g, inner, tm = guarded
+    keys = chunk_keys(NS, list(range(400)))
+    inner.stall()
+    done: list[tuple[bytes, bool]] = []
+    ok = g.write([WriteItem(meta(k), memoryview(bytearray(P))) for k in keys], lambda k, s: done.append((k, s)))
+    assert 0 < sum(ok) <= 4 * 3 + 3 * 16                  # queued + in flight; the rest dropped at once
+    inner.resume()
+    assert g.flush(10)
+    assert len(done) == sum(ok) and all(s for _, s in done)
