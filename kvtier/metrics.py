@@ -57,15 +57,32 @@ class Telemetry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
+        self._logged: dict[tuple[str, str], tuple[float, int]] = {}   # (kind, tier) -> (warned at, held back)
 
     def _add(self, name: str, n: int = 1) -> None:
         with self._lock:
             self.counts[name] += n
 
+    #: a data-fault warning is logged once per (kind, tier) per burst of this many seconds;
+    #: the events in between are counted (always) and logged at debug level
+    LOG_BURST_S = 30.0
+
     def event(self, kind: str, tier: str = "", detail: str = "") -> None:
         EVENTS.labels(kind).inc()
         self._add(f"events.{kind}")
         level = logging.DEBUG if kind in self._QUIET else logging.WARNING
+        if level == logging.WARNING:
+            now, burst = time.monotonic(), (kind, tier)
+            with self._lock:
+                last = self._logged.get(burst)
+                if last is not None and now - last[0] < self.LOG_BURST_S:
+                    self._logged[burst] = (last[0], last[1] + 1)
+                    level = logging.DEBUG
+                else:
+                    held = last[1] if last is not None else 0
+                    self._logged[burst] = (now, 0)
+            if level == logging.WARNING and held:
+                detail = f"{detail} (+{held} more since the last warning)"
         log.log(level, "kvtier %s event on %s tier: %s", kind, tier or "store", detail)
 
     def hit(self, tier: str, nbytes: int, seconds: float) -> None:

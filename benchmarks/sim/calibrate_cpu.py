@@ -34,7 +34,7 @@ def cpu_name() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim-calibration-2026-12-01")
-    ap.add_argument("--conversations", type=int, default=6)
+    ap.add_argument("--conversations", type=int, default=10)
     args = ap.parse_args()
     from kvtier.bench.client import ClientOptions
     from kvtier.bench.replay import ReplayOptions, run_replay
@@ -51,7 +51,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-calib-"))
     wl = args.out / "workload.jsonl"
     subprocess.run([sys.executable, "-m", "kvtier.cli", "workload", "companion", "--conversations",
-                    str(args.conversations), "--turns-mean", "3", "--turns-max", "5", "--personas", "3",
+                    str(args.conversations), "--turns-mean", "4", "--personas", "3",
                     "--system-tokens", "300", "--max-prompt-tokens", "1500", "--think-time", "2",
                     "--seed", "3", "--out", str(wl)], check=True)
     kv_gib = 0.125

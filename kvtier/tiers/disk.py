@@ -48,6 +48,7 @@ from kvtier.tiers.base import Tier, TierUsage, as_byte_view
 from kvtier.tiers.protocol import Capabilities, WriteDone, WriteItem
 from kvtier.tiers.disklayout import SUFFIX, Ledger, NamespaceDir, is_dead_temp_file
 from kvtier.tiers.writer import Job, WriterPool
+from kvtier.security import PRIVATE_DIR_MODE
 
 class DiskTier(Tier):
     name = "disk"
@@ -96,16 +97,19 @@ class DiskTier(Tier):
         self = cls(root, namespace, capacity, fsync, o_direct, policy, writer_threads, queue_depth,
                    telemetry or Telemetry(), o_direct_read)
         self.rescan_interval_s = rescan_interval_s
-        self._chunks.mkdir(parents=True, exist_ok=True)
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)           # owner-only: prompts' KV
+        self._chunks.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
+        self._tmp.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         ns_file = root / "namespace.json"
         if not ns_file.exists():
             tmp = self._tmp / f"namespace.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.touch(mode=0o600)
             tmp.write_text(json.dumps({"digest": namespace.digest().hex(),
                                        "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
             os.replace(tmp, ns_file)
         self._ledger_file = Ledger.open(self.layout.ledger)
         self.clean_temp_files()
+        self._note_other_namespaces(Path(path))
         t0 = time.perf_counter()
         with self._shared():
             self._rescan_locked()
@@ -133,6 +137,17 @@ class DiskTier(Tier):
     def _set_ledger(self, used: int) -> None:
         assert self._ledger_file is not None
         self._ledger_file.write(used)
+
+    def _note_other_namespaces(self, path: Path) -> None:
+        """Chunks of other namespaces (another model, dtype, block size, layout...) in the same
+        directory are never read (their keys differ): say so once, counted (``foreign_namespace``)."""
+        try:
+            others = [d.root.name for d in NamespaceDir.all_under(path) if d.root != self.root]
+        except OSError:
+            return
+        if others:
+            self._tm.event("foreign_namespace", self.name, f"{len(others)} other namespace(s) in {path} "
+                           f"({', '.join(sorted(others)[:3])}) are not reused by {self.root.name}")
 
     def clean_temp_files(self) -> int:
         """Remove temp files of dead writers (or older than an hour). Returns how many."""
@@ -375,7 +390,7 @@ class DiskTier(Tier):
                         used -= self._unlink_locked(victim)
                         evicted.append(victim)
                     if used + size <= self.capacity:
-                        os.makedirs(os.path.dirname(final), exist_ok=True)
+                        os.makedirs(os.path.dirname(final), mode=PRIVATE_DIR_MODE, exist_ok=True)
                         os.replace(tmp, final)
                         self._set_ledger(used + size)
                         ok = True

@@ -5,8 +5,9 @@ latency_ms, error_rate, corrupt_rate, stall_after, stall_s, seed}``. The wrapper
 the whole ``Tier`` interface (per-key and batched calls) by delegating to the inner tier and,
 per call, from one seeded schedule (same seed and call order, same faults):
 
-* **latency** — ``latency_ms`` is slept before every data call (reads, writes, batched
-  lookups of tiers without a complete in-memory index). A batched call sleeps at most
+* **latency** — ``latency_ms`` is slept before every read and every batched lookup of a
+  tier without a complete in-memory index (writes are not slowed: a slow write path shows
+  up as a full write queue, ``dropped_store``). A batched call sleeps at most
   until its deadline and then answers ``UNAVAILABLE("timeout")`` without touching the inner
   tier. Per-key ``contains`` (an in-memory index check) is never slowed.
 * **errors** — with probability ``error_rate`` a call fails as an I/O error would: reads
@@ -210,7 +211,9 @@ class FaultyTier(Tier):
     # -- writes ----------------------------------------------------------------------------------
     def _write_fails(self, key: ChunkKey) -> bool:
         stall, error, _ = self._draw()
-        self._delay(stall, None)
+        if stall:                                # writes get stalls and errors, not the read latency
+            self._count("stall", None, "stall")
+            time.sleep(self.cfg.stall_s)
         if error:
             self._count("write_error", "io_error", f"write {key.hex()[:16]}")
         return error

@@ -234,15 +234,16 @@ class MooncakeTier(Tier):
             scratch = np.zeros(len(items) * _SCRATCH, dtype=np.uint8)
             base = int(scratch.ctypes.data)
             ptrs, sizes = [], []
+            payloads = [as_byte_view(it.payload) for it in items]
             for i, it in enumerate(items):
                 header = encode_header(self._ns, it.meta)
-                trailer = pack_trailer(checksum(header, it.payload))
+                trailer = pack_trailer(checksum(header, payloads[i]))
                 scratch[i * _SCRATCH:i * _SCRATCH + HEADER_SIZE] = np.frombuffer(header, np.uint8)
                 scratch[i * _SCRATCH + HEADER_SIZE:i * _SCRATCH + HEADER_SIZE + TRAILER_SIZE] = \
                     np.frombuffer(trailer, np.uint8)
-                ptrs.append([base + i * _SCRATCH, _ptr(it.payload), base + i * _SCRATCH + HEADER_SIZE])
+                ptrs.append([base + i * _SCRATCH, _ptr(payloads[i]), base + i * _SCRATCH + HEADER_SIZE])
                 sizes.append([HEADER_SIZE, it.meta.payload_len, TRAILER_SIZE])
-            reg = self._register(store, [it.payload for it in items])
+            reg = self._register(store, payloads)
             try:
                 rcs = store.batch_put_from_multi_buffers([self._name(it.meta.key) for it in items], ptrs, sizes,
                                                          self._client.replicate)

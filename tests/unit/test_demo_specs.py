@@ -46,7 +46,7 @@ def test_budgets_are_tokens_so_every_dtype_holds_the_same_share_of_the_working_s
     b16, b32 = (companion.budgets(companion.DEFAULT, f, WF) for f in (bf16, f32))
     assert (b16.engine_kv_tokens, b16.ram_tokens, b16.ssd_tokens) == (b32.engine_kv_tokens, b32.ram_tokens,
                                                                         b32.ssd_tokens)
-    assert b16.engine_kv_tokens == int(WF.working_set_tokens * companion.DEFAULT.engine_kv_fraction)
+    assert b16.engine_kv_tokens == -(-int(WF.working_set_tokens * companion.DEFAULT.engine_kv_fraction) // 128) * 128
     s16, s32 = (companion.server_specs(companion.DEFAULT, f, b)[2] for f, b in ((bf16, b16), (f32, b32)))
     assert s32.kv_cache_space_gib == pytest.approx(2 * s16.kv_cache_space_gib)
     assert s32.kvtier_config["store"]["memory"]["capacity"] == 2 * s16.kvtier_config["store"]["memory"]["capacity"]

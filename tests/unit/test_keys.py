@@ -73,15 +73,34 @@ def test_numpy_and_list_inputs_agree() -> None:
     assert chunk_keys(NS, toks) == chunk_keys(NS, [int(t) for t in toks])
 
 
-def test_extra_and_namespace_fields_separate_keys() -> None:
+# one valid alternative value per Namespace field, each changed ALONE (a base with tp/pp size 2 lets
+# the ranks and the sizes vary independently)
+_BASE = dataclasses.replace(NS, tp_size=2, pp_size=2)
+_ALONE = {"model": "other-model", "model_fingerprint": "rev-x", "dtype": "float16", "layout": "other",
+          "block_size": 32, "chunk_size": 512, "tp_rank": 1, "tp_size": 4, "pp_rank": 1, "pp_size": 4,
+          "format_version": _BASE.format_version + 1, "deployment": "prod-eu"}
+
+
+def test_every_namespace_field_is_varied_alone() -> None:
+    """A new Namespace field must be added to _ALONE (so it is shown to change the key)."""
+    assert set(_ALONE) == {f.name for f in dataclasses.fields(Namespace)}
+
+
+@pytest.mark.parametrize("field", sorted(_ALONE))
+def test_each_namespace_field_alone_changes_every_key(field: str) -> None:
+    toks = list(range(1024))
+    base = chunk_keys(_BASE, toks)
+    other = dataclasses.replace(_BASE, **{field: _ALONE[field]})
+    assert [f for f in dataclasses.fields(Namespace) if getattr(other, f.name) != getattr(_BASE, f.name)] == \
+        [next(f for f in dataclasses.fields(Namespace) if f.name == field)]      # exactly one field differs
+    assert other.digest() != _BASE.digest()
+    keys = chunk_keys(other, toks)
+    assert keys and not set(keys) & set(base)            # every key differs, not only the first
+
+
+def test_extra_separates_keys() -> None:
     toks = list(range(256))
-    base = chunk_keys(NS, toks)[0]
-    assert chunk_keys(NS, toks, extra=b"salt")[0] != base
-    for change in ({"model_fingerprint": "rev-x"}, {"dtype": "float16"}, {"tp_rank": 1, "tp_size": 2},
-                   {"pp_rank": 1, "pp_size": 2}, {"layout": "other"}, {"format_version": 2}, {"block_size": 32}):
-        other = dataclasses.replace(NS, **change)
-        assert other.digest() != NS.digest()
-        assert chunk_keys(other, toks)[0] != base
+    assert chunk_keys(NS, toks, extra=b"salt")[0] != chunk_keys(NS, toks)[0]
 
 
 @pytest.mark.parametrize("bad", [[-1] * 256, [2**32] * 256])

@@ -75,15 +75,22 @@ def test_promote_on_hit(tmp_path: Path) -> None:
 
 
 def test_write_back_demotes_on_ram_eviction(tmp_path: Path) -> None:
-    with TieredStore.open(cfg(tmp_path, mem_chunks=4, write_policy="write_back"), NS) as s:
-        chains = [chunk_keys(NS, list(range(100 * c, 100 * c + 8))) for c in range(6)]   # 6 chains x 2 chunks
-        for c, keys in enumerate(chains):
-            assert all(put_chain(s, keys, start=10 * c))
-        s.flush(10)
-        assert s.tier("disk") is not None and s.tier("disk").usage().num_chunks >= 8   # evicted chunks went to disk
-        for c, keys in enumerate(chains):
-            assert s.lookup(keys).num_chunks == 2
-            assert bytes(s.get(keys[1])) == payload(10 * c + 1)
+    chains = [chunk_keys(NS, list(range(100 * c, 100 * c + 8))) for c in range(6)]   # 6 chains x 2 chunks
+    seen: dict[str, list[int]] = {}
+    for policy in ("write_through", "write_back"):
+        with TieredStore.open(cfg(tmp_path / policy, mem_chunks=4, write_policy=policy), NS) as s:
+            on_disk = []
+            for c, keys in enumerate(chains):
+                assert all(put_chain(s, keys, start=10 * c))
+                s.flush(10)
+                on_disk.append(s.tier("disk").usage().num_chunks)
+            seen[policy] = on_disk
+            for c, keys in enumerate(chains):              # every chunk still served, exact
+                assert s.lookup(keys).num_chunks == 2
+                assert bytes(s.get(keys[1])) == payload(10 * c + 1)
+    assert seen["write_through"] == [2, 4, 6, 8, 10, 12]    # every put reaches the disk at once
+    assert seen["write_back"][:2] == [0, 0]                 # RAM holds 4 chunks: nothing written yet
+    assert seen["write_back"][-1] >= 8                      # RAM evictions were demoted to disk
 
 
 def test_write_through_memory_only_and_disk_only(tmp_path: Path) -> None:
@@ -104,15 +111,30 @@ def test_orphan_put_refused(tmp_path: Path) -> None:
 
 
 def test_namespaces_never_mix(tmp_path: Path) -> None:
+    import os
+    import shutil
+
     other = Namespace("m", "f2", "float32", "L", 4, 4)
     toks = list(range(8))
-    with TieredStore.open(cfg(tmp_path), NS) as s:
-        put_chain(s, chunk_keys(NS, toks))
+    mine = chunk_keys(NS, toks)
+    with TieredStore.open(cfg(tmp_path, mem_chunks=0), NS) as s:
+        put_chain(s, mine)
         s.flush(10)
-    with TieredStore.open(cfg(tmp_path), other) as s:
+        src = s.tier("disk").path_of(mine[0])
+    with TieredStore.open(cfg(tmp_path, mem_chunks=0), other) as s:
         ks = chunk_keys(other, toks)
         assert s.lookup(ks).num_chunks == 0 and s.get(ks[0]) is None
-        assert s.get(chunk_keys(NS, toks)[0]) is None    # even the other namespace's key misses
+        assert s.get(mine[0]) is None                    # even the other namespace's key misses
+        ev = s.stats()["counters"]
+        assert ev.get("events.foreign_namespace") == 1   # the other namespace in the directory: counted
+        # a chunk of NS planted under other's key (a mixed-up copy, a bug): refused by the header check
+        dst = s.tier("disk").path_of(ks[0])
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        shutil.copyfile(src, dst)
+        s.tier("disk").rescan()
+        assert s.get(ks[0]) is None and s.get_into(ks[0], bytearray(P)) is None
+        assert s.stats()["counters"].get("events.namespace_mismatch") == 1
+        assert not os.path.exists(dst)                   # removed, never served
 
 
 def test_shared_store_registry(tmp_path: Path) -> None:

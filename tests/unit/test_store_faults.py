@@ -68,16 +68,52 @@ def test_corrupt_byte_is_a_counted_miss(stored, where: str) -> None:
     assert bytes(s.get(keys[0])) == payload(0)               # neighbours unaffected
 
 
+# every field of the header struct (<4sHHI32s32s32sIQ16sB8Q: offsets below), the zero padding of the
+# header region, the payload and both trailer fields: flipping one byte is a miss + the named event
+_FIELDS = {"magic": (0, "corrupt"), "version": (4, "version"), "header_len": (6, "version"),
+           "flags": (8, "corrupt"), "namespace": (12 + 5, "namespace_mismatch"), "key": (44 + 7, "wrong_key"),
+           "parent": (76 + 3, "corrupt"), "num_tokens": (108, "corrupt"), "payload_len": (112, "torn"),
+           "dtype": (120, "corrupt"), "ndim": (136, "corrupt"), "shape": (137, "corrupt"),
+           "padding": (3000, "corrupt"), "payload_first": (HEADER_SIZE, "corrupt"),
+           "payload_last": (HEADER_SIZE + P - 1, "corrupt"), "trailer_magic": (HEADER_SIZE + P, "torn"),
+           "trailer_checksum": (HEADER_SIZE + P + 4 + 15, "corrupt")}
+
+
+@pytest.mark.parametrize("field", sorted(_FIELDS))
+def test_corruption_at_every_header_field(stored, field: str) -> None:
+    s, keys = stored
+    off, kind = _FIELDS[field]
+    path = s.tier("disk").path_of(keys[2])
+    with open(path, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x40]))
+    before = events(s)
+    _assert_miss_and_removed(s, keys[2], kind)
+    after = events(s)
+    assert after.get(kind, 0) - before.get(kind, 0) >= 1      # this test's event, not an earlier one
+    assert bytes(s.get(keys[1])) == payload(1)               # neighbours unaffected
+
+
 def test_events_reach_prometheus(stored) -> None:
     from prometheus_client import REGISTRY
     s, keys = stored
-    before = REGISTRY.get_sample_value("kvtier_events_total", {"kind": "corrupt"}) or 0.0
+    def sample(name: str, labels: dict) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    ev0 = sample("kvtier_events_total", {"kind": "corrupt"})      # per-test deltas: other tests in this
+    miss0 = sample("kvtier_store_misses_total", {"tier": "disk"})  # process counted into the same registry
+    hit0 = sample("kvtier_store_hits_total", {"tier": "disk"})
     with open(s.tier("disk").path_of(keys[0]), "r+b") as f:
         f.seek(HEADER_SIZE)
         f.write(b"\0\1\2")
     assert s.get(keys[0]) is None
-    assert REGISTRY.get_sample_value("kvtier_events_total", {"kind": "corrupt"}) == before + 1
-    assert REGISTRY.get_sample_value("kvtier_store_misses_total", {"tier": "disk"}) >= 1
+    assert bytes(s.get(keys[5])) == payload(5)
+    assert sample("kvtier_events_total", {"kind": "corrupt"}) - ev0 == 1
+    assert sample("kvtier_store_misses_total", {"tier": "disk"}) - miss0 == 1
+    assert sample("kvtier_store_hits_total", {"tier": "disk"}) - hit0 == 1
+    assert events(s).get("corrupt") == 1                       # the store's own counters agree
 
 
 def test_bad_magic_is_corrupt(stored) -> None:
@@ -182,3 +218,18 @@ def test_full_queue_drops_and_counts(tmp_path: Path, monkeypatch) -> None:
 def s_meta(key: bytes):
     from kvtier.chunk import ChunkMeta
     return ChunkMeta(key, None, 4, (P,), "uint8", P)
+
+
+def test_disk_tier_that_cannot_open_is_skipped_with_one_event(tmp_path: Path) -> None:
+    """An unusable store.disk.path (here: below a regular file; likewise read-only or permission
+    denied) -> the store serves without the SSD tier, one counted `tier_unavailable` event."""
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"x")
+    cfg = StoreConfig.model_validate({"chunk_size": 4, "memory": {"capacity": 10**6},
+                                      "disk": {"enabled": True, "path": str(blocker / "ssd")}})
+    keys = chunk_keys(NS, list(range(8)))
+    with TieredStore.open(cfg, NS) as s:
+        assert s.tier("disk") is None and s.tier("memory") is not None
+        assert events(s) == {"tier_unavailable": 1}
+        assert s.put(keys[0], None, payload(0), num_tokens=4, shape=(P,), dtype="uint8")
+        assert bytes(s.get(keys[0])) == payload(0)

@@ -97,11 +97,15 @@ def test_promoter_bounded_and_survives_errors() -> None:
 
     p = Promoter(promote, max_pending=3)
     assert p.submit([b"bad", b"a", b"a", b"b"]) == 3       # deduplicated
+    assert p.dropped == 0
+    assert p.submit([b"c", b"d", b"e", b"f", b"g"]) <= 1   # the thread holds at most one: the queue is full
+    assert p.dropped >= 4                                   # the bound: extra keys are dropped and counted
     gate.set()
     assert p.wait_idle(5)
-    assert p.submit([b"c", b"d", b"e", b"f"]) >= 3
+    dropped = p.dropped
+    assert p.submit([b"h", b"i", b"j"]) == 3 and p.dropped == dropped   # room again once drained
     assert p.wait_idle(5)
-    assert seen[:2] == [b"a", b"b"] and b"c" in seen        # an exception did not stop the thread
+    assert seen[:2] == [b"a", b"b"] and b"h" in seen        # an exception did not stop the thread
     p.close()
     assert p.submit([b"x"]) == 0
 

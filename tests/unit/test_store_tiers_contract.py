@@ -136,24 +136,43 @@ def test_budget_and_tail_first_eviction(tier: Tier) -> None:
 
 
 def test_concurrent_put_get(tier: Tier) -> None:
-    items = chain(4, seed=3)
+    """Threads put DISTINCT chains (own payloads) totalling far more than the budget, so eviction
+    runs concurrently with puts and gets: a get returns that key's own payload or misses."""
+    chains = {wid: chain(4, seed=10 + wid) for wid in range(4)}            # 16 chunks, budget 6
+    expect = {meta.key: payload for items in chains.values() for meta, payload in items}
+    assert len(set(expect.values())) == 16
     errors: list[str] = []
+    hits = [0]
 
     def worker(wid: int) -> None:
+        out = memoryview(bytearray(P))
         for _ in range(10):
-            for meta, payload in items:
+            for meta, payload in chains[wid]:
                 tier.put(meta, payload)
-                got = tier.get(meta.key)
-                if got is not None and bytes(got[1]) != payload:
+                for other in chains.values():                               # read everyone's chunks
+                    m = other[0][0]
+                    got = tier.get(m.key)
+                    if got is not None:
+                        hits[0] += 1
+                        if bytes(got[1]) != expect[m.key]:
+                            errors.append(f"wrong bytes for another worker's key in worker {wid}")
+                got_meta = tier.get_into(meta.key, out)
+                if got_meta is not None and bytes(out[:got_meta.payload_len]) != payload:
                     errors.append(f"wrong bytes in worker {wid}")
+                u = tier.usage()
+                if u.used_bytes > u.capacity_bytes:
+                    errors.append(f"over budget: {u.used_bytes} > {u.capacity_bytes}")
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert not errors
+    assert not errors, errors[:3]
+    assert hits[0] > 0                                                      # reads did hit meanwhile
     u = tier.usage()
-    assert u.used_bytes <= u.capacity_bytes
-    for meta, payload in items:
-        got = tier.get(meta.key)
-        assert got is not None and bytes(got[1]) == payload
+    assert u.used_bytes <= u.capacity_bytes                                 # evicted down to the budget
+    for key in tier.keys():
+        got = tier.get(key)
+        assert got is None or bytes(got[1]) == expect[key]
+
+

@@ -138,7 +138,7 @@ def test_store_wraps_the_configured_tier_and_serves_only_exact_bytes(tmp_path):
         assert s.flush(10)
     cfg = StoreConfig.model_validate({**base, "faults": {"wraps": "disk", "corrupt_rate": 0.3, "seed": 5}})
     with TieredStore.open(cfg, NS) as s:                                    # read back through the drill
-        assert isinstance(s.disk, FaultyTier)
+        assert isinstance(s.tier("disk"), FaultyTier)
         out = bytearray(P)
         served = 0
         for i in range(40):
@@ -147,7 +147,7 @@ def test_store_wraps_the_configured_tier_and_serves_only_exact_bytes(tmp_path):
                 served += 1
                 assert bytes(out[:n]) == payload(i)
         assert 0 < served < 40
-        assert s.stats()["counters"].get("events.corrupt", 0) == 40 - served == s.disk.injected["corrupt"]
+        assert s.stats()["counters"].get("events.corrupt", 0) == 40 - served == s.tier("disk").injected["corrupt"]
 
 
 def test_attributes_the_store_sets_reach_the_inner_tier(tmp_path):
