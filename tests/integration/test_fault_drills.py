@@ -41,7 +41,7 @@ def _cfg(disk: Path, stats: Path, log: Path | None = None, *, capacity: str = "4
 
 
 def _start(role: str, model: Path, out: Path, *extra: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "WARNING", "KVTIER_LOG_LEVEL": "WARNING"}
     env.pop("KVTIER_STORE__DISK__PATH", None)
     with open(out.with_suffix(".stderr"), "w") as ef:
         return subprocess.Popen([sys.executable, str(DRIVER), role, "--model", str(model), "--out", str(out),
