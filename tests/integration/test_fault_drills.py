@@ -28,10 +28,12 @@ CHUNK = 128
 KVC = 128 * 46080 + 4096 + 20          # one float32 chunk file of the bundled model (128 tokens)
 
 
-def _cfg(disk: Path, stats: Path, *, capacity: str = "4GiB", ram: bool = False, **extra) -> str:
+def _cfg(disk: Path, stats: Path, log: Path | None = None, *, capacity: str = "4GiB", ram: bool = False,
+         **extra) -> str:
     c = {"store": {"chunk_size": CHUNK, "memory": {"enabled": ram, "capacity": "256MiB"},
                    "disk": {"enabled": True, "path": str(disk), "capacity": capacity, "fsync": "file"}},
-         "connector": {"stats_dir": str(stats), "stats_interval_s": 1.0}}
+         "connector": {"stats_dir": str(stats), "stats_interval_s": 1.0,
+                       **({"request_log": str(log)} if log is not None else {})}}
     for k, v in extra.items():
         section, _, field = k.partition("__")
         c.setdefault(section, {})[field] = v
@@ -118,60 +120,81 @@ def tmpfs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def drills(bundled_model, tmp_path_factory, tmpfs):
-    d = tmp_path_factory.mktemp("drills")
-    res: dict = {"dir": d}
-    res["ref"] = _run("reference", bundled_model, d / "ref.json")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("drills")
 
-    # kill -9 during heavy saves, then restart on the same directory
+
+@pytest.fixture(scope="module")
+def ref(bundled_model, work) -> dict:
+    return _run("reference", bundled_model, work / "ref.json")
+
+
+@pytest.fixture(scope="module")
+def crash(bundled_model, work, ref) -> dict:
+    """kill -9 during heavy saves, restart on the same directory (+ a multi-turn chat under a disk
+    budget far below its working set), then fsck."""
+    d, res = work, {"ref": ref, "dir": work}
     crash_dir, st = d / "ssd", d / "stats-crash"
     proc = _start("crash", bundled_model, d / "crash.json", "--config", _cfg(crash_dir, st),
                   stdout=subprocess.PIPE)
     try:
-        assert proc.stdout.readline().strip() == "SAVING", (d / "crash.stderr").read_text()[-3000:]
-        res["tmp_at_kill"] = len(list(crash_dir.rglob("tmp/*")))
+        for line in proc.stdout:                      # vLLM may print to stdout too
+            if line.strip() == "SAVING":
+                break
+        else:
+            raise AssertionError("crash driver ended early:\n" + (d / "crash.stderr").read_text()[-3000:])
     finally:
         _killpg(proc)                                  # kill -9, engine-core process included
+    res["crash_dir"] = crash_dir
     res["fsck_dry"] = _fsck(crash_dir, "--dry-run")
     st = d / "stats-restart"
-    budget = 5 * KVC                                   # far below the chat's working set (~16 chunks)
+    budget = 5 * KVC                                   # far below the chat's working set (~12 chunks)
     res["restart"] = _run("restart", bundled_model, d / "restart.json", "--config",
-                          _cfg(crash_dir, st, capacity=str(budget)), "--log", str(d / "restart.jsonl"))
+                          _cfg(crash_dir, st, d / "restart.jsonl", capacity=str(budget)),
+                          "--log", str(d / "restart.jsonl"))
     res["restart_events"], res["budget"] = _events(st), budget
     res["fsck_after"] = _fsck(crash_dir)
     res["fsck_again"] = _fsck(crash_dir)
-
-    # full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout) -> read-only remount
-    st = d / "stats-faults"
-    cfg = _cfg(tmpfs, st, capacity="1GiB", store__faults={"wraps": "disk", "latency_ms": 4000},
-               connector__load_timeout_s=1.0)
-    res["faults"] = _run("faults", bundled_model, d / "faults.json", "--config", cfg,
-                         "--log", str(d / "faults.jsonl"))
-    res["faults_events"] = _events(st)
-
-    # namespace change (block size 64 instead of 128) on the crashed directory
-    st = d / "stats-ns"
-    res["ns"] = _run("plain", bundled_model, d / "ns.json", "--config", _cfg(crash_dir, st), "--block-size", "64",
-                     "--log", str(d / "ns.jsonl"))
-    res["ns_events"] = _events(st)
     return res
 
 
-def test_kill9_during_saves_restart_is_exact_and_fsck_repairs(drills):
+@pytest.fixture(scope="module")
+def faults(bundled_model, work, ref, tmpfs) -> dict:
+    """Full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout) -> read-only tmp/."""
+    st = work / "stats-faults"
+    cfg = _cfg(tmpfs, st, work / "faults.jsonl", capacity="1GiB",
+               store__faults={"wraps": "disk", "latency_ms": 4000}, connector__load_timeout_s=1.0)
+    f = _run("faults", bundled_model, work / "faults.json", "--config", cfg, "--log", str(work / "faults.jsonl"))
+    return {"ref": ref, "faults": f, "faults_events": _events(st), "dir": work}
+
+
+@pytest.fixture(scope="module")
+def namespace(bundled_model, work, crash) -> dict:
+    """The crashed engine's directory again, with block size 64 instead of 128 (a new namespace)."""
+    st = work / "stats-ns"
+    ns = _run("plain", bundled_model, work / "ns.json", "--config", _cfg(crash["crash_dir"], st, work / "ns.jsonl"),
+              "--block-size", "64", "--log", str(work / "ns.jsonl"))
+    return {"ref": crash["ref"], "ns": ns, "ns_events": _events(st)}
+
+
+def test_kill9_during_saves_restart_is_exact_and_fsck_repairs(crash):
+    drills = crash
     ref, r = drills["ref"], drills["restart"]
     assert r["docs"]["outputs"] == ref["docs"]["outputs"]
     loaded, failed = _every_claim_loaded_or_counted(r["docs"])
     assert loaded > 0                                  # the crashed engine's chunks were reused
-    rc, rep = drills["fsck_dry"]
-    assert rc in (0, 1) and rep["bad"] == {} or set(rep["bad"].values()) <= {"torn", "corrupt"}
-    assert drills["fsck_after"][1]["removed"] >= 0
+    rc, rep = drills["fsck_dry"]                       # what the crash left: reported, nothing changed
+    assert rc in (0, 1) and set(rep["bad"].values()) <= {"torn", "corrupt"}
+    assert rc == 0 or rep["temp_files"] or rep["bad"] or rep["ledger_wrong"] or rep["stale_manifests"]
+    assert drills["fsck_after"][0] in (0, 1)           # repairs what is left (the restart cleaned temp files)
     rc2, again = drills["fsck_again"]
     assert rc2 == 0 and again["clean"], again
     ev = drills["restart_events"]
     assert failed == 0 or ev.get("kvtier_connector_errors_total", 0) > 0
 
 
-def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(drills):
+def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(crash):
+    drills = crash
     ref, r = drills["ref"], drills["restart"]
     for k in range(3):
         assert r[f"chat{k}"]["outputs"] == ref["chat"][k], k
@@ -181,14 +204,16 @@ def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(drills):
     assert usage and all(u["bytes_on_disk"] <= drills["budget"] for u in usage if u["chunks"])
 
 
-def test_full_disk_saves_dropped_and_counted_serving_continues(drills):
+def test_full_disk_saves_dropped_and_counted_serving_continues(faults):
+    drills = faults
     ref, f = drills["ref"], drills["faults"]
     assert f["full0"]["outputs"] == ref["full0"]["outputs"] and f["full12"]["outputs"] == ref["full12"]["outputs"]
     ev = drills["faults_events"]
-    assert ev.get("enospc", 0) + ev.get("io_error", 0) >= 1, ev
+    assert ev.get("enospc", 0) >= 1, ev                                  # the real ENOSPC of the tmpfs, counted
 
 
-def test_slow_tier_request_recomputes_others_keep_going(drills):
+def test_slow_tier_request_recomputes_others_keep_going(faults):
+    drills = faults
     ref, f = drills["ref"], drills["faults"]
     assert f["slow"]["outputs"] == ref["slow"]["outputs"]              # both requests of the batch, exact
     claims, loads = _claims_loads(f["slow"])
@@ -196,7 +221,8 @@ def test_slow_tier_request_recomputes_others_keep_going(drills):
     assert drills["faults_events"].get("kvtier_connector_errors_total", 0) >= 1
 
 
-def test_read_only_mid_run_one_warning_serving_continues(drills):
+def test_read_only_mid_run_one_warning_serving_continues(faults):
+    drills = faults
     ref, f = drills["ref"], drills["faults"]
     assert f["ro"]["outputs"] == ref["ro"]["outputs"]
     err = (drills["dir"] / "faults.stderr").read_text()
@@ -204,7 +230,8 @@ def test_read_only_mid_run_one_warning_serving_continues(drills):
     assert 1 <= err.count("Read-only file system") <= 2                  # warned once (per burst), not per chunk
 
 
-def test_namespace_change_on_the_same_directory_is_never_reused(drills):
+def test_namespace_change_on_the_same_directory_is_never_reused(namespace):
+    drills = namespace
     ref, ns = drills["ref"], drills["ns"]
     assert ns["docs"]["outputs"] == ref["docs"]["outputs"]
     claims, _ = _claims_loads(ns["docs"])
