@@ -169,6 +169,7 @@ def test_shared_tier_is_written_in_background_and_read_last(tmp_path: Path) -> N
     fresh = tmp_path / "fresh"                          # "another machine": empty local tiers
     with with_shared(cfg(fresh), shared) as s:
         assert s.lookup(keys).num_chunks == 0 and shared.calls == 0          # lookup never asks the network
+        assert s.get_into(keys[0], bytearray(P), local_only=True) is None and shared.calls == 0   # sync loads neither
         res = s.shared_prefix(keys, Deadline.after(5))
         assert res.num_chunks == len(keys) and res.status is Status.HIT
         outs = [bytearray(P) for _ in keys]
