@@ -55,7 +55,7 @@ class ChunkStore(Protocol):
     """What the worker needs of the store (``kvtier.store.TieredStore`` provides it)."""
 
     def get_into(self, key: Any, out: memoryview, *, promote: bool | None = None,
-                 deadline: Deadline | None = None) -> int | None: ...
+                 deadline: Deadline | None = None, local_only: bool = False) -> int | None: ...
     def put(self, key: Any, parent: Any, payload: Any, *, num_tokens: int, shape: tuple[int, ...],
             dtype: str) -> bool: ...
     def busy(self) -> ContextManager[None]: ...
@@ -197,12 +197,14 @@ class WorkerSide:
         return ok, err, time.perf_counter() - t0
 
     def _read_chunk_into(self, key: bytes, buf: "torch.Tensor", deadline: Deadline | None = None,
-                         promote: bool | None = None) -> tuple[bool, str | None]:
+                         promote: bool | None = None, local_only: bool = True) -> tuple[bool, str | None]:
+        """Synchronous loads read the local tiers only (never wait on the network); the async
+        loader passes ``local_only=False``."""
         out = self._bytes(buf)
         if promote is None:
             promote = False if self.promote_background else None
         try:
-            n = self.store.get_into(key, out, promote=promote, deadline=deadline)
+            n = self.store.get_into(key, out, promote=promote, deadline=deadline, local_only=local_only)
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
             return False, "store_exception"
@@ -372,7 +374,7 @@ class WorkerSide:
     def _read_async(self, key: bytes, deadline: float) -> tuple[bool, str | None]:
         assert self._async_buf is not None
         # shared-tier hits are promoted into the local tiers on this (background) thread
-        return self._read_chunk_into(key, self._async_buf, Deadline(deadline), promote=True)
+        return self._read_chunk_into(key, self._async_buf, Deadline(deadline), promote=True, local_only=False)
 
     def _scatter_async(self, block_ids: tuple[int, ...], first_block: int) -> None:
         assert self._async_buf is not None
