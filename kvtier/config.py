@@ -70,10 +70,13 @@ class DiskTierConfig(_Section):
         default="never", description="never: rely on the page cache; file: fsync each chunk before publish; "
         "always: also fsync the directory")
     o_direct: bool = Field(default=False, description="use O_DIRECT for reads/writes where supported")
+    allow_shared_dir: bool = Field(default=False, description="use a directory another user owns or that group/"
+                                   "others may write (refused by default: they could read or plant KV)")
     writer_threads: int = Field(default=2, ge=1, le=64)
     queue_depth: int = Field(default=256, ge=1, description="bounded write queue; when full, stores are dropped")
-    rescan_interval_s: float = Field(default=5.0, ge=0, description="re-read the shared directory at most this "
-                                     "often when the index must learn other processes' chunks")
+    rescan_interval_s: float = Field(default=5.0, ge=0, description="a background thread re-reads the directory "
+                                     "this often, so the index (lookups are index-only) learns other processes' "
+                                     "chunks; 0: never")
 
     @model_validator(mode="after")
     def _path_when_enabled(self) -> "DiskTierConfig":

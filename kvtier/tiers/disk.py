@@ -48,6 +48,7 @@ from kvtier.tiers.base import Tier, TierUsage, as_byte_view
 from kvtier.tiers.protocol import Capabilities, WriteDone, WriteItem
 from kvtier.tiers.disklayout import SUFFIX, Ledger, NamespaceDir, is_dead_temp_file
 from kvtier.tiers.writer import Job, WriterPool
+from kvtier.security import PRIVATE_DIR_MODE
 
 class DiskTier(Tier):
     name = "disk"
@@ -96,11 +97,13 @@ class DiskTier(Tier):
         self = cls(root, namespace, capacity, fsync, o_direct, policy, writer_threads, queue_depth,
                    telemetry or Telemetry(), o_direct_read)
         self.rescan_interval_s = rescan_interval_s
-        self._chunks.mkdir(parents=True, exist_ok=True)
-        self._tmp.mkdir(parents=True, exist_ok=True)
+        root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)           # owner-only: prompts' KV
+        self._chunks.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
+        self._tmp.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         ns_file = root / "namespace.json"
         if not ns_file.exists():
             tmp = self._tmp / f"namespace.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.touch(mode=0o600)
             tmp.write_text(json.dumps({"digest": namespace.digest().hex(),
                                        "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
             os.replace(tmp, ns_file)
@@ -387,7 +390,7 @@ class DiskTier(Tier):
                         used -= self._unlink_locked(victim)
                         evicted.append(victim)
                     if used + size <= self.capacity:
-                        os.makedirs(os.path.dirname(final), exist_ok=True)
+                        os.makedirs(os.path.dirname(final), mode=PRIVATE_DIR_MODE, exist_ok=True)
                         os.replace(tmp, final)
                         self._set_ledger(used + size)
                         ok = True

@@ -65,7 +65,7 @@ def aligned(view: memoryview) -> bool:
     return len(view) == 0 or address(view) % ALIGN == 0
 
 
-def open_direct(path: str, flags: int, use_direct: bool, mode: int = 0o644) -> tuple[int, bool]:
+def open_direct(path: str, flags: int, use_direct: bool, mode: int = 0o600) -> tuple[int, bool]:
     """Open with O_DIRECT when asked and supported; returns (fd, direct_in_use)."""
     if use_direct and _O_DIRECT:
         try:

@@ -125,7 +125,7 @@ class Ledger:
 
     @classmethod
     def open(cls, path: Path) -> "Ledger":
-        return cls(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+        return cls(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
 
     @contextmanager
     def locked(self) -> Iterator[None]:

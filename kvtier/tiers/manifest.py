@@ -41,7 +41,7 @@ def save(path: Path, tmp: str, records: Iterable[tuple[ChunkKey, ChunkKey | None
     """Write atomically (temp file + os.replace). Raises OSError; removes the temp file."""
     body = b"".join(k + (p or _ZERO) for k, p in records)
     try:
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
             f.write(body + xxhash.xxh3_128_digest(body))
         os.replace(tmp, path)
     except OSError:

@@ -49,10 +49,18 @@ def build_disk(config: StoreConfig, namespace: Namespace, telemetry: Telemetry) 
     d = config.disk
     if not d.enabled or d.path is None:
         return None
+    from kvtier.metrics import log
+    from kvtier.security import UnsafeDirectory, check_private_dir
+
     try:
+        check_private_dir(d.path, allow_shared=d.allow_shared_dir)
         return DiskTier.open(d.path, namespace, d.capacity, fsync=d.fsync, o_direct=d.o_direct,
                              policy=config.eviction, writer_threads=d.writer_threads, queue_depth=d.queue_depth,
                              rescan_interval_s=d.rescan_interval_s, telemetry=telemetry)
+    except UnsafeDirectory as e:     # other local users could read prompts' KV or plant chunks: no SSD tier
+        log.error("kvtier: SSD tier disabled: %s", e)
+        telemetry.event("unsafe_dir", "disk", str(e))
+        return None
     except OSError as e:   # read-only mount, permission denied, not a directory, full at open: no SSD tier
         telemetry.event("tier_unavailable", "disk", f"cannot open store.disk.path {d.path}: {e.strerror or e}; "
                         "serving without the SSD tier")

@@ -49,7 +49,7 @@ class FakeStore:
     def where(self, key):
         return "memory" if key in self.data else None
 
-    def get_into(self, key, out, *, promote=None, deadline=None):
+    def get_into(self, key, out, *, promote=None, deadline=None, local_only=False):
         data = self.get(key)
         if data is None:
             return None
@@ -462,3 +462,43 @@ def test_full_hit_loads_part_of_the_last_chunk_exactly():
             assert torch.equal(dst[name][t[i]], kv[name][src[i]])
         assert not dst[name][t[11]].any()   # the block with the last token is computed by vLLM
     assert w.take_worker_meta().loads["b"].loaded_tokens == 1152
+
+
+class _OldEngineRequest:
+    """A request object from an engine version without ``cache_salt`` (an API change)."""
+
+    def __init__(self, req_id, tokens):
+        self.request_id, self.prompt_token_ids, self.num_computed_tokens = req_id, tokens, 0
+        self.lora_request, self.mm_features = None, []
+
+    @property
+    def num_prompt_tokens(self):
+        return len(self.prompt_token_ids)
+
+
+def test_request_missing_a_key_field_is_not_cached_and_counted():
+    from kvtier.integrations.vllm.metrics import ERRORS, ConnectorMetrics
+    from kvtier.integrations.vllm.scheduler_side import KeyFieldsMissing
+
+    old = _OldEngineRequest("old", _prompt(600))
+    with pytest.raises(KeyFieldsMissing, match="cache_salt"):
+        request_extra(old)
+    store = FakeStore()
+    _fill(store, old.prompt_token_ids, 2)      # the unsalted prefix IS stored: without the check it would hit
+    s, tables = _sched(store, metrics=ConnectorMetrics())
+    before = ERRORS.labels("key_fields_missing")._value.get()
+    assert s.num_new_matched_tokens(old, 0) == 0
+    assert s.num_new_matched_tokens(old, 0) == 0           # asked again: still refused, counted once
+    assert ERRORS.labels("key_fields_missing")._value.get() == before + 1
+    assert s.build_meta(SimpleNamespace(num_scheduled_tokens={"old": 600})).saves == []
+
+
+def test_multimodal_input_without_identifier_is_refused():
+    from kvtier.integrations.vllm.scheduler_side import KeyFieldsMissing
+
+    r = FakeRequest("m", _prompt(600), mm_features=[SimpleNamespace(identifier="")])
+    with pytest.raises(KeyFieldsMissing):
+        request_extra(r)
+    a = FakeRequest("a", _prompt(600), mm_features=[SimpleNamespace(identifier="img-1")])
+    b = FakeRequest("b", _prompt(600), mm_features=[SimpleNamespace(identifier="img-2")])
+    assert request_extra(a) != request_extra(b)

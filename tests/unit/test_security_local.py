@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvtier.config import KvtierConfig, load_config
+from kvtier.config import KvtierConfig, StoreConfig, load_config
 from kvtier.security import UnsafeDirectory, check_private_dir, is_loopback, split_secrets
 
 SECRET = "s3cret-deployment-key-0123456789"
@@ -88,3 +88,38 @@ def test_metrics_endpoint_binds_loopback_by_default():
 def test_loopback_detection():
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3")
+
+
+def _disk_store(path: Path, **disk):
+    from kvtier.keys import Namespace
+    from kvtier.store import TieredStore
+
+    cfg = StoreConfig.model_validate({"chunk_size": 4, "memory": {"enabled": False},
+                                      "disk": {"enabled": True, "path": str(path), "capacity": 10**7, **disk}})
+    return TieredStore.open(cfg, Namespace("m", "f", "float32", "L", 4, 4))
+
+
+def test_disk_tier_files_and_directories_are_owner_only(tmp_path):
+    from kvtier.keys import chunk_keys
+
+    with _disk_store(tmp_path / "ssd") as s:
+        key = chunk_keys(s.namespace, [1, 2, 3, 4])[0]
+        assert s.put(key, None, b"x" * 100, num_tokens=4, shape=(100,), dtype="uint8")
+        assert s.flush(10)
+    modes = {p.relative_to(tmp_path): stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "ssd").rglob("*")}
+    files = {p: m for p, m in modes.items() if (tmp_path / p).is_file()}
+    dirs = {p: m for p, m in modes.items() if (tmp_path / p).is_dir()}
+    assert files and all(m & 0o077 == 0 for m in files.values()), files
+    assert dirs and all(m & 0o077 == 0 for m in dirs.values()), dirs
+    assert stat.S_IMODE((tmp_path / "ssd").stat().st_mode) == 0o700
+
+
+def test_world_writable_ssd_directory_disables_the_tier_with_a_counted_event(tmp_path):
+    d = tmp_path / "open"
+    d.mkdir()
+    d.chmod(0o777)
+    with _disk_store(d) as s:
+        assert s.stats()["tiers"] == {} or "disk" not in s.stats()["tiers"]
+        assert s.stats()["counters"].get("events.unsafe_dir") == 1
+    with _disk_store(d, allow_shared_dir=True) as s:
+        assert "disk" in s.stats()["tiers"]

@@ -58,19 +58,37 @@ class LookupStore(Protocol):
     def shared_prefix(self, keys: Sequence[ChunkKey], deadline: Any) -> Any: ...
 
 
+#: Request attributes the chunk key is built from besides the token ids. vLLM 0.32's ``Request`` has
+#: all three (None / empty when unused); if an engine version drops or renames one, two requests
+#: that differ in it would share keys — so such a request is not cached at all (counted).
+KEY_FIELDS = ("lora_request", "cache_salt", "mm_features")
+
+
+class KeyFieldsMissing(ValueError):
+    """The request object lacks an attribute the chunk key depends on (engine API change)."""
+
+
 def request_extra(request: Any) -> bytes:
-    """Extra key bytes for everything besides token ids that changes KV: LoRA, cache salt, mm inputs."""
+    """Extra key bytes for everything besides token ids that changes KV: LoRA, cache salt, mm inputs.
+
+    Raises KeyFieldsMissing when ``request`` lacks one of ``KEY_FIELDS``: never merge keys silently."""
+    missing = [f for f in KEY_FIELDS if not hasattr(request, f)]
+    if missing:
+        raise KeyFieldsMissing(f"request has no {', '.join(missing)}")
     parts: list[str] = []
-    lora = getattr(request, "lora_request", None)
+    lora = request.lora_request
     if lora is not None:
         parts.append(f"lora={getattr(lora, 'lora_name', '')}:{getattr(lora, 'lora_int_id', '')}:"
                      f"{getattr(lora, 'lora_path', '')}")
-    salt = getattr(request, "cache_salt", None)
+    salt = request.cache_salt
     if salt:
         parts.append(f"salt={salt}")
-    mm = [str(getattr(f, "identifier", "")) for f in (getattr(request, "mm_features", None) or [])]
+    features = request.mm_features or []
+    mm = [getattr(f, "identifier", None) for f in features]
+    if any(not m for m in mm):
+        raise KeyFieldsMissing("a multimodal input has no identifier (hash)")
     if mm:
-        parts.append("mm=" + ",".join(mm))
+        parts.append("mm=" + ",".join(str(m) for m in mm))
     return "\x1f".join(parts).encode() if parts else b""
 
 
@@ -87,6 +105,7 @@ class _ReqState:
     tiers: tuple[str, ...] = field(default_factory=tuple)
     claim_async: bool = False       # the last claim includes shared-tier chunks
     pending_async: bool = False
+    remote_failed: bool = False     # a load from the shared tier failed: never claim from it again
 
 
 class RequestLog:
@@ -123,6 +142,7 @@ class SchedulerSide:
         self.metrics = metrics
         self.log = request_log or RequestLog(None)
         self._reqs: dict[str, _ReqState] = {}
+        self._refused: set[str] = set()       # requests not cached: a key field is missing (counted once)
         # What a worker in ANOTHER process reported in its tiers (invisible here otherwise).
         self.directory = Directory(worker_key_capacity)
         self._block_ids_of = None  # set by bind(); req_id -> list[int] (group 0)
@@ -143,7 +163,17 @@ class SchedulerSide:
             tokens = request.prompt_token_ids
             if tokens is None:  # prompt embeddings: not cacheable by token ids
                 return None
-            st = _ReqState(request, chunk_keys(self.namespace, tokens, request_extra(request)))
+            try:
+                extra = request_extra(request)
+            except KeyFieldsMissing as e:
+                if request.request_id not in self._refused:
+                    self._refused.add(request.request_id)
+                    log.error("kvtier: not caching request %s: %s (the key would merge what must differ)",
+                              request.request_id, e)
+                    if self.metrics:
+                        self.metrics.error("key_fields_missing")
+                return None
+            st = _ReqState(request, chunk_keys(self.namespace, tokens, extra))
             self._reqs[request.request_id] = st
         return st
 
@@ -180,7 +210,8 @@ class SchedulerSide:
         limit = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
         useful = min(len(st.keys), -(-limit // self.chunk_size))   # chunks that can add tokens
         local = n
-        if self._remote is not None and n < useful and limit > max(n * self.chunk_size, num_computed_tokens):
+        if (self._remote is not None and not st.remote_failed and n < useful
+                and limit > max(n * self.chunk_size, num_computed_tokens)):
             more = self._remote.answer(request.request_id, st.keys, n)
             if more is None:
                 return None
@@ -302,6 +333,7 @@ class SchedulerSide:
         """Drop the request's state; True = vLLM must not free its blocks yet (an asynchronous
         load still writes into them; the worker's ``finished_recving`` releases them)."""
         self._reqs.pop(request.request_id, None)
+        self._refused.discard(request.request_id)
         if self._remote is not None:
             self._remote.forget(request.request_id)
         return request.request_id in self._loading
@@ -314,6 +346,9 @@ class SchedulerSide:
         for req_id, o in meta.loads.items():
             self.log.write("load", req=req_id, loaded_tokens=o.loaded_tokens, failed_tokens=o.failed_tokens,
                            error=o.error)
+            st = self._reqs.get(req_id)
+            if o.failed_tokens and st is not None and st.claim_async:
+                st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
         self.forget_worker_keys(meta.missing_keys)
         self.forget_worker_keys(meta.evicted_keys)
         if meta.pid != os.getpid():
