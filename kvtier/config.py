@@ -74,8 +74,9 @@ class DiskTierConfig(_Section):
                                    "others may write (refused by default: they could read or plant KV)")
     writer_threads: int = Field(default=2, ge=1, le=64)
     queue_depth: int = Field(default=256, ge=1, description="bounded write queue; when full, stores are dropped")
-    rescan_interval_s: float = Field(default=5.0, ge=0, description="re-read the shared directory at most this "
-                                     "often when the index must learn other processes' chunks")
+    rescan_interval_s: float = Field(default=5.0, ge=0, description="a background thread re-reads the directory "
+                                     "this often, so the index (lookups are index-only) learns other processes' "
+                                     "chunks; 0: never")
 
     @model_validator(mode="after")
     def _path_when_enabled(self) -> "DiskTierConfig":

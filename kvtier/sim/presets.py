@@ -14,7 +14,7 @@ every number is derived in docs/simulator.md ("Presets"):
 * storage (``STORAGE``): RAM over PCIe, NVMe Gen4 / Gen5, a distributed filesystem client, a
   network KV store; the tiers of a preset get them with capacity 0 (set with --ram/--ssd/--shared).
 
-``resolve_profile(None)`` gives ``SimProfile()`` (defaults); a path is read as YAML.
+``resolve_profile(None)`` gives the ``DEFAULT_PRESET`` (h100/llama-3-8b); a path is read as YAML.
 """
 
 from __future__ import annotations
@@ -106,9 +106,12 @@ def preset_names() -> list[str]:
     return [f"{a}/{m}" for a in ACCELERATORS for m in MODELS]
 
 
+DEFAULT_PRESET = "h100/llama-3-8b"
+
+
 def resolve_profile(arg: Path | str | None) -> SimProfile:
     if arg is None:
-        return SimProfile()
+        arg = DEFAULT_PRESET
     name = str(arg)
     if "/" in name and name.count("/") == 1 and not Path(name).exists():
         acc, model = name.split("/")

@@ -96,7 +96,6 @@ class GuardedTier(Tier):
         super().__init__()
         self.inner = inner
         self.name = inner.name
-        self.capabilities = inner.capabilities
         self.cfg = cfg
         self._tm = telemetry
         self.breaker = Breaker(inner.name, telemetry)
@@ -111,6 +110,11 @@ class GuardedTier(Tier):
         self._probe: threading.Thread | None = None
         self._stop = threading.Event()
         self._closed = False
+
+    @property
+    def capabilities(self):  # type: ignore[override]
+        """The inner tier's (a backend may refine them once connected, e.g. its size limit)."""
+        return self.inner.capabilities
 
     @classmethod
     def wrap(cls, inner: Tier, cfg: SharedTierBase, telemetry: Telemetry) -> Tier:

@@ -325,13 +325,13 @@ class SharedFsTier(Tier):
         t0 = time.perf_counter()
         final = self.layout.path_of(meta.key)
         tmp = f"{self.layout.tmp}/{meta.key.hex()}.{HOST}.{os.getpid()}.{threading.get_ident()}.{next(self._seq)}.tmp"
-        try:      # no "already there?" stat first: a duplicate (a race) just replaces identical bytes
+        try:
             sio.write_chunk(tmp, encode_header(self._ns, meta), payload, fsync=self.cfg.fsync, stamp_ns=stamp)
             try:
-                os.rename(tmp, final)
+                sio.publish(tmp, final)
             except FileNotFoundError:
                 os.makedirs(os.path.dirname(final), exist_ok=True)
-                os.rename(tmp, final)
+                sio.publish(tmp, final)
         except OSError as e:
             _unlink_quiet(tmp)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):

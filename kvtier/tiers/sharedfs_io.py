@@ -13,6 +13,7 @@ Side-effect free except the functions' documented file operations.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import queue
@@ -204,6 +205,28 @@ def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tu
         os.close(fd)
 
 
+def publish(tmp: str, final: str) -> None:
+    """Give the complete file ``tmp`` its final name without ever replacing an existing one:
+    ``link(2)`` (fails with EEXIST when another machine published the key first: its identical
+    bytes stay, and other clients' cached entries for it stay valid), then drop ``tmp``. Where
+    hard links are unsupported, ``rename`` (a duplicate then replaces identical bytes: readers
+    on other mounts may miss it for their entry-cache time). Raises OSError (ENOENT: no leaf
+    directory yet)."""
+    try:
+        os.link(tmp, final)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+            raise
+        os.rename(tmp, final)
+        return
+    try:
+        os.unlink(tmp)
+    except FileNotFoundError:
+        pass
+
+
 def write_chunk(tmp: str, header: bytes | bytearray, payload: memoryview, *, fsync: bool, stamp_ns: int) -> None:
     """Create ``tmp`` (O_EXCL) holding header region + payload + trailer, with mtime ``stamp_ns``.
     Raises OSError; the caller removes the partial file and renames a complete one into place."""
@@ -226,4 +249,4 @@ def write_chunk(tmp: str, header: bytes | bytearray, payload: memoryview, *, fsy
     os.utime(tmp, ns=(stamp_ns, stamp_ns))
 
 
-__all__ = ["Batch", "DaemonPool", "fan_out", "MIN_FILE", "bounce", "probe_write", "read_chunk", "stat_chunk", "write_chunk"]
+__all__ = ["Batch", "DaemonPool", "fan_out", "MIN_FILE", "bounce", "probe_write", "publish", "read_chunk", "stat_chunk", "write_chunk"]

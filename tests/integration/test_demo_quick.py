@@ -18,10 +18,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.timeout(900)
 def test_demo_quick_serves_every_request(bundled_model, tmp_path, monkeypatch):
+    import typer
     from typer.testing import CliRunner
 
-    from kvtier.cli import app
+    from kvtier.commands import demo_cmd
     from kvtier.demo import companion
+
+    app = typer.Typer()
+    demo_cmd.register(app)
 
     small = dataclasses.replace(companion.QUICK, turns_mean=1.8, turns_max=3, think_time_scale=0.1, max_tokens=2)
     monkeypatch.setattr(companion, "QUICK", small)

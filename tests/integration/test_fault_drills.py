@@ -28,10 +28,12 @@ CHUNK = 128
 KVC = 128 * 46080 + 4096 + 20          # one float32 chunk file of the bundled model (128 tokens)
 
 
-def _cfg(disk: Path, stats: Path, *, capacity: str = "4GiB", ram: bool = False, **extra) -> str:
+def _cfg(disk: Path, stats: Path, log: Path | None = None, *, capacity: str = "4GiB", ram: bool = False,
+         **extra) -> str:
     c = {"store": {"chunk_size": CHUNK, "memory": {"enabled": ram, "capacity": "256MiB"},
                    "disk": {"enabled": True, "path": str(disk), "capacity": capacity, "fsync": "file"}},
-         "connector": {"stats_dir": str(stats), "stats_interval_s": 1.0}}
+         "connector": {"stats_dir": str(stats), "stats_interval_s": 1.0,
+                       **({"request_log": str(log)} if log is not None else {})}}
     for k, v in extra.items():
         section, _, field = k.partition("__")
         c.setdefault(section, {})[field] = v
@@ -39,7 +41,7 @@ def _cfg(disk: Path, stats: Path, *, capacity: str = "4GiB", ram: bool = False, 
 
 
 def _start(role: str, model: Path, out: Path, *extra: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "WARNING"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "WARNING", "KVTIER_LOG_LEVEL": "WARNING"}
     env.pop("KVTIER_STORE__DISK__PATH", None)
     with open(out.with_suffix(".stderr"), "w") as ef:
         return subprocess.Popen([sys.executable, str(DRIVER), role, "--model", str(model), "--out", str(out),
@@ -110,7 +112,7 @@ def tmpfs(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the fault drills mount a real tmpfs and need root (CI runs as root)")
     mnt = tmp_path_factory.mktemp("drill-tmpfs")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=700", "tmpfs", str(mnt)], check=True)
     try:
         yield mnt
     finally:
@@ -118,60 +120,102 @@ def tmpfs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def drills(bundled_model, tmp_path_factory, tmpfs):
-    d = tmp_path_factory.mktemp("drills")
-    res: dict = {"dir": d}
-    res["ref"] = _run("reference", bundled_model, d / "ref.json")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("drills")
 
-    # kill -9 during heavy saves, then restart on the same directory
+
+@pytest.fixture(scope="module")
+def ref(bundled_model, work) -> dict:
+    return _run("reference", bundled_model, work / "ref.json")
+
+
+@pytest.fixture(scope="module")
+def crash(bundled_model, work, ref) -> dict:
+    """kill -9 during heavy saves, restart on the same directory (+ a multi-turn chat under a disk
+    budget far below its working set), then fsck."""
+    d, res = work, {"ref": ref, "dir": work}
     crash_dir, st = d / "ssd", d / "stats-crash"
     proc = _start("crash", bundled_model, d / "crash.json", "--config", _cfg(crash_dir, st),
                   stdout=subprocess.PIPE)
     try:
-        assert proc.stdout.readline().strip() == "SAVING", (d / "crash.stderr").read_text()[-3000:]
-        res["tmp_at_kill"] = len(list(crash_dir.rglob("tmp/*")))
+        for line in proc.stdout:                      # vLLM may print to stdout too
+            if line.strip() == "SAVING":
+                break
+        else:
+            raise AssertionError("crash driver ended early:\n" + (d / "crash.stderr").read_text()[-3000:])
     finally:
         _killpg(proc)                                  # kill -9, engine-core process included
+    res["crash_dir"] = crash_dir
     res["fsck_dry"] = _fsck(crash_dir, "--dry-run")
     st = d / "stats-restart"
-    budget = 5 * KVC                                   # far below the chat's working set (~16 chunks)
+    budget = 5 * KVC                                   # far below the chat's working set (~12 chunks)
     res["restart"] = _run("restart", bundled_model, d / "restart.json", "--config",
-                          _cfg(crash_dir, st, capacity=str(budget)), "--log", str(d / "restart.jsonl"))
+                          _cfg(crash_dir, st, d / "restart.jsonl", capacity=str(budget)),
+                          "--log", str(d / "restart.jsonl"))
     res["restart_events"], res["budget"] = _events(st), budget
     res["fsck_after"] = _fsck(crash_dir)
     res["fsck_again"] = _fsck(crash_dir)
-
-    # full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout) -> read-only remount
-    st = d / "stats-faults"
-    cfg = _cfg(tmpfs, st, capacity="1GiB", store__faults={"wraps": "disk", "latency_ms": 4000},
-               connector__load_timeout_s=1.0)
-    res["faults"] = _run("faults", bundled_model, d / "faults.json", "--config", cfg,
-                         "--log", str(d / "faults.jsonl"))
-    res["faults_events"] = _events(st)
-
-    # namespace change (block size 64 instead of 128) on the crashed directory
-    st = d / "stats-ns"
-    res["ns"] = _run("plain", bundled_model, d / "ns.json", "--config", _cfg(crash_dir, st), "--block-size", "64",
-                     "--log", str(d / "ns.jsonl"))
-    res["ns_events"] = _events(st)
     return res
 
 
-def test_kill9_during_saves_restart_is_exact_and_fsck_repairs(drills):
+@pytest.fixture(scope="module")
+def faults(bundled_model, work, ref, tmpfs) -> dict:
+    """Full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout) -> read-only tmp/."""
+    st = work / "stats-faults"
+    cfg = _cfg(tmpfs, st, work / "faults.jsonl", capacity="1GiB",
+               store__faults={"wraps": "disk", "latency_ms": 4000}, connector__load_timeout_s=1.0)
+    f = _run("faults", bundled_model, work / "faults.json", "--config", cfg, "--log", str(work / "faults.jsonl"))
+    return {"ref": ref, "faults": f, "faults_events": _events(st), "dir": work}
+
+
+@pytest.fixture(scope="module")
+def namespace(bundled_model, work, crash) -> dict:
+    """The crashed engine's directory again, with block size 64 instead of 128 (a new namespace), by
+    TWO engines started together: they compute and save the same chunks at the same time."""
+    runs = []
+    for name in ("ns1", "ns2"):
+        st = work / f"stats-{name}"
+        runs.append((name, st, _start("plain", bundled_model, work / f"{name}.json", "--config",
+                                      _cfg(crash["crash_dir"], st, work / f"{name}.jsonl"),
+                                      "--block-size", "64", "--log", str(work / f"{name}.jsonl"))))
+    outs = {name: _finish(proc, work / f"{name}.json") for name, _, proc in runs}
+    return {"ref": crash["ref"], "outs": outs, "events": {name: _events(st) for name, st, _ in runs},
+            "fsck": _fsck(crash["crash_dir"], "--dry-run")}
+
+
+@pytest.fixture(scope="module")
+def read_only_start(bundled_model, work, ref) -> dict:
+    """store.disk.path on a read-only tmpfs from the start."""
+    ro = work / "ro-mount"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m,mode=700", "tmpfs", str(ro)], check=True)
+    try:
+        st = work / "stats-ro"
+        out = _run("plain", bundled_model, work / "ro.json", "--config", _cfg(ro / "ssd", st, work / "ro.jsonl"),
+                   "--log", str(work / "ro.jsonl"))
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+    return {"ref": ref, "out": out, "events": _events(st), "stderr": (work / "ro.stderr").read_text()}
+
+
+def test_kill9_during_saves_restart_is_exact_and_fsck_repairs(crash):
+    drills = crash
     ref, r = drills["ref"], drills["restart"]
     assert r["docs"]["outputs"] == ref["docs"]["outputs"]
     loaded, failed = _every_claim_loaded_or_counted(r["docs"])
     assert loaded > 0                                  # the crashed engine's chunks were reused
-    rc, rep = drills["fsck_dry"]
-    assert rc in (0, 1) and rep["bad"] == {} or set(rep["bad"].values()) <= {"torn", "corrupt"}
-    assert drills["fsck_after"][1]["removed"] >= 0
+    rc, rep = drills["fsck_dry"]                       # what the crash left: reported, nothing changed
+    assert rc in (0, 1) and set(rep["bad"].values()) <= {"torn", "corrupt"}
+    assert (rc == 1) == (not rep["clean"])            # exit status = whether the crash left anything
+    assert drills["fsck_after"][0] in (0, 1)           # repairs what is left (the restart cleaned temp files)
     rc2, again = drills["fsck_again"]
     assert rc2 == 0 and again["clean"], again
     ev = drills["restart_events"]
     assert failed == 0 or ev.get("kvtier_connector_errors_total", 0) > 0
 
 
-def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(drills):
+def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(crash):
+    drills = crash
     ref, r = drills["ref"], drills["restart"]
     for k in range(3):
         assert r[f"chat{k}"]["outputs"] == ref["chat"][k], k
@@ -181,14 +225,16 @@ def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(drills):
     assert usage and all(u["bytes_on_disk"] <= drills["budget"] for u in usage if u["chunks"])
 
 
-def test_full_disk_saves_dropped_and_counted_serving_continues(drills):
+def test_full_disk_saves_dropped_and_counted_serving_continues(faults):
+    drills = faults
     ref, f = drills["ref"], drills["faults"]
     assert f["full0"]["outputs"] == ref["full0"]["outputs"] and f["full12"]["outputs"] == ref["full12"]["outputs"]
     ev = drills["faults_events"]
-    assert ev.get("enospc", 0) + ev.get("io_error", 0) >= 1, ev
+    assert ev.get("enospc", 0) >= 1, ev                                  # the real ENOSPC of the tmpfs, counted
 
 
-def test_slow_tier_request_recomputes_others_keep_going(drills):
+def test_slow_tier_request_recomputes_others_keep_going(faults):
+    drills = faults
     ref, f = drills["ref"], drills["faults"]
     assert f["slow"]["outputs"] == ref["slow"]["outputs"]              # both requests of the batch, exact
     claims, loads = _claims_loads(f["slow"])
@@ -196,7 +242,8 @@ def test_slow_tier_request_recomputes_others_keep_going(drills):
     assert drills["faults_events"].get("kvtier_connector_errors_total", 0) >= 1
 
 
-def test_read_only_mid_run_one_warning_serving_continues(drills):
+def test_read_only_mid_run_one_warning_serving_continues(faults):
+    drills = faults
     ref, f = drills["ref"], drills["faults"]
     assert f["ro"]["outputs"] == ref["ro"]["outputs"]
     err = (drills["dir"] / "faults.stderr").read_text()
@@ -204,9 +251,32 @@ def test_read_only_mid_run_one_warning_serving_continues(drills):
     assert 1 <= err.count("Read-only file system") <= 2                  # warned once (per burst), not per chunk
 
 
-def test_namespace_change_on_the_same_directory_is_never_reused(drills):
-    ref, ns = drills["ref"], drills["ns"]
-    assert ns["docs"]["outputs"] == ref["docs"]["outputs"]
-    claims, _ = _claims_loads(ns["docs"])
-    assert claims == []                                 # same prompts, same dir: nothing claimed
-    assert drills["ns_events"].get("foreign_namespace", 0) == 1
+def test_namespace_change_on_the_same_directory_is_never_reused(namespace):
+    ref, claimed = namespace["ref"], []
+    for name in ("ns1", "ns2"):
+        ns = namespace["outs"][name]
+        assert ns["docs"]["outputs"] == ref["docs"]["outputs"], name
+        loaded, failed = _every_claim_loaded_or_counted(ns["docs"])
+        claimed.append(loaded + failed)
+        assert namespace["events"][name].get("foreign_namespace", 0) >= 1      # the old namespace: counted
+    # the directory is full of the same prompts' chunks in the old namespace (block 128), yet the engine
+    # that got there first claimed nothing; the other may only reuse what the first saved (block 64)
+    assert min(claimed) == 0, claimed
+
+
+def test_two_engines_writing_the_same_chunks_at_once(namespace):
+    for name in ("ns1", "ns2"):
+        ev = namespace["events"][name]
+        assert not {"corrupt", "torn", "wrong_key", "namespace_mismatch"} & set(ev), ev
+    rc, rep = namespace["fsck"]
+    assert rc == 0 and rep["clean"] and not rep["bad"], rep               # one valid file per chunk
+
+
+@pytest.mark.skipif(os.environ.get("KVTIER_DRILLS_ALL") != "1",
+                    reason="opt-in (KVTIER_DRILLS_ALL=1): one more engine start past the 5-minute drill budget; "
+                    "store level: test_store_faults.py::test_disk_tier_that_cannot_open_is_skipped_with_one_event")
+def test_read_only_at_start_one_warning_serving_continues(read_only_start):
+    r = read_only_start
+    assert r["out"]["docs"]["outputs"] == r["ref"]["docs"]["outputs"]
+    assert r["events"].get("tier_unavailable", 0) == 1                 # counted once: no SSD tier
+    assert r["stderr"].count("serving without the SSD tier") == 1

@@ -149,8 +149,11 @@ def test_stalled_async_load_fails_by_its_deadline_and_reports_blocks(tmp_path: P
         got: set[str] = set()
         assert wait_for(lambda: got.update(w.get_finished(set())) or "r" in got)
         assert w.take_load_errors() == set(tables("r")[:6])   # every block: vLLM recomputes them
-        o = w.take_worker_meta().loads["r"]
+        wm = w.take_worker_meta()
+        o = wm.loads["r"]
         assert o.loaded_tokens == 0 and o.failed_tokens == 768
+        s.on_worker_meta(wm)                             # vLLM then retries the request from scratch:
+        assert s.num_new_matched_tokens(req, 0) == 0     # it recomputes instead of waiting on the tier again
         shared.resume()
         w.close()
         s.close()

@@ -49,7 +49,7 @@ class FakeStore:
     def where(self, key):
         return "memory" if key in self.data else None
 
-    def get_into(self, key, out, *, promote=None, deadline=None):
+    def get_into(self, key, out, *, promote=None, deadline=None, local_only=False):
         data = self.get(key)
         if data is None:
             return None

@@ -61,6 +61,22 @@ def test_duplicate_writes_are_harmless(tier) -> None:
     assert os.listdir(tier.layout.tmp) == []      # no temp file left behind
 
 
+def test_duplicate_write_never_replaces_the_published_file(tier, tmp_path) -> None:
+    """Another machine's duplicate must not swap the inode under readers (on a network mount their
+    cached entry would point at a deleted file: a miss for the entry-cache time)."""
+    items = chain(2)
+    assert all(write_all(tier, items))
+    path = tier.layout.path_of(items[1][0].key)
+    before = os.stat(path).st_ino
+    other = open_tier(tmp_path)
+    try:
+        assert all(write_all(other, items))
+    finally:
+        other.close()
+    assert os.stat(path).st_ino == before
+    assert os.listdir(tier.layout.tmp) == []
+
+
 def test_release_called_once_and_copy_when_no_release(tier) -> None:
     items = chain(2)
     released = []

@@ -218,3 +218,18 @@ def test_full_queue_drops_and_counts(tmp_path: Path, monkeypatch) -> None:
 def s_meta(key: bytes):
     from kvtier.chunk import ChunkMeta
     return ChunkMeta(key, None, 4, (P,), "uint8", P)
+
+
+def test_disk_tier_that_cannot_open_is_skipped_with_one_event(tmp_path: Path) -> None:
+    """An unusable store.disk.path (here: below a regular file; likewise read-only or permission
+    denied) -> the store serves without the SSD tier, one counted `tier_unavailable` event."""
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"x")
+    cfg = StoreConfig.model_validate({"chunk_size": 4, "memory": {"capacity": 10**6},
+                                      "disk": {"enabled": True, "path": str(blocker / "ssd")}})
+    keys = chunk_keys(NS, list(range(8)))
+    with TieredStore.open(cfg, NS) as s:
+        assert s.tier("disk") is None and s.tier("memory") is not None
+        assert events(s) == {"tier_unavailable": 1}
+        assert s.put(keys[0], None, payload(0), num_tokens=4, shape=(P,), dtype="uint8")
+        assert bytes(s.get(keys[0])) == payload(0)

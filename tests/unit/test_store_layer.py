@@ -169,6 +169,7 @@ def test_shared_tier_is_written_in_background_and_read_last(tmp_path: Path) -> N
     fresh = tmp_path / "fresh"                          # "another machine": empty local tiers
     with with_shared(cfg(fresh), shared) as s:
         assert s.lookup(keys).num_chunks == 0 and shared.calls == 0          # lookup never asks the network
+        assert s.get_into(keys[0], bytearray(P), local_only=True) is None and shared.calls == 0   # sync loads neither
         res = s.shared_prefix(keys, Deadline.after(5))
         assert res.num_chunks == len(keys) and res.status is Status.HIT
         outs = [bytearray(P) for _ in keys]
@@ -178,6 +179,15 @@ def test_shared_tier_is_written_in_background_and_read_last(tmp_path: Path) -> N
         # a put whose parent is only in the shared tier is not an orphan
         more = chunk_keys(NS, list(range(28)))
         assert s.put(more[-1], more[-2], payload(99), num_tokens=4, shape=(P,), dtype="uint8")
+
+
+def test_a_chain_goes_to_the_shared_tier_without_local_tiers(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(24)))
+    shared = DictSharedTier()
+    with with_shared(StoreConfig.model_validate({"chunk_size": 4, "memory": {"enabled": False}}), shared) as s:
+        assert s.tiers == [shared]
+        assert all(put_chain(s, keys)) and s.flush(10)          # a child's parent is only in the shared tier
+        assert set(shared.data) == set(keys)
 
 
 def test_stalled_shared_tier_does_not_delay_puts_or_lookups(tmp_path: Path) -> None:

@@ -105,6 +105,7 @@ class _ReqState:
     tiers: tuple[str, ...] = field(default_factory=tuple)
     claim_async: bool = False       # the last claim includes shared-tier chunks
     pending_async: bool = False
+    remote_failed: bool = False     # a load from the shared tier failed: never claim from it again
 
 
 class RequestLog:
@@ -209,7 +210,8 @@ class SchedulerSide:
         limit = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
         useful = min(len(st.keys), -(-limit // self.chunk_size))   # chunks that can add tokens
         local = n
-        if self._remote is not None and n < useful and limit > max(n * self.chunk_size, num_computed_tokens):
+        if (self._remote is not None and not st.remote_failed and n < useful
+                and limit > max(n * self.chunk_size, num_computed_tokens)):
             more = self._remote.answer(request.request_id, st.keys, n)
             if more is None:
                 return None
@@ -344,6 +346,9 @@ class SchedulerSide:
         for req_id, o in meta.loads.items():
             self.log.write("load", req=req_id, loaded_tokens=o.loaded_tokens, failed_tokens=o.failed_tokens,
                            error=o.error)
+            st = self._reqs.get(req_id)
+            if o.failed_tokens and st is not None and st.claim_async:
+                st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
         self.forget_worker_keys(meta.missing_keys)
         self.forget_worker_keys(meta.evicted_keys)
         if meta.pid != os.getpid():

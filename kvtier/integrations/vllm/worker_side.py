@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
+from kvtier.integrations.vllm.reports import TierReports
 from kvtier.promoter import run_in_thread_on_any_cpu
 from kvtier.tiers.protocol import Deadline
 
@@ -54,7 +55,7 @@ class ChunkStore(Protocol):
     """What the worker needs of the store (``kvtier.store.TieredStore`` provides it)."""
 
     def get_into(self, key: Any, out: memoryview, *, promote: bool | None = None,
-                 deadline: Deadline | None = None) -> int | None: ...
+                 deadline: Deadline | None = None, local_only: bool = False) -> int | None: ...
     def put(self, key: Any, parent: Any, payload: Any, *, num_tokens: int, shape: tuple[int, ...],
             dtype: str) -> bool: ...
     def busy(self) -> ContextManager[None]: ...
@@ -119,9 +120,8 @@ class WorkerSide:
         self._outcomes: dict[str, LoadOutcome] = {}
         self._missing: list[bytes] = []
         self.always_report = always_report       # TP > 1: every rank reports every step (see metadata)
-        self._events_lock = threading.Lock()
-        self._stored_now: dict[bytes, str] = {}  # key -> top local tier, since the last report
-        self._evicted_now: dict[bytes, None] = {}
+        self._events_lock = threading.Lock()     # async-load errors
+        self.reports = TierReports(store.where)
         self._unsubscribe: Callable[[], None] | None = None
         self._async: AsyncLoader | None = None
         self._async_buf: "torch.Tensor | None" = None
@@ -163,7 +163,7 @@ class WorkerSide:
         # reader threads stay on the engine's cores, which wait for the load anyway.
         self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
         if self._unsubscribe is None:
-            self._unsubscribe = self.store.subscribe(self._on_store_event)
+            self._unsubscribe = self.store.subscribe(self.reports.on_event)
         if self.background_any_cpu:
             run_in_thread_on_any_cpu(self._start_background_threads)
         else:
@@ -197,12 +197,14 @@ class WorkerSide:
         return ok, err, time.perf_counter() - t0
 
     def _read_chunk_into(self, key: bytes, buf: "torch.Tensor", deadline: Deadline | None = None,
-                         promote: bool | None = None) -> tuple[bool, str | None]:
+                         promote: bool | None = None, local_only: bool = True) -> tuple[bool, str | None]:
+        """Synchronous loads read the local tiers only (never wait on the network); the async
+        loader passes ``local_only=False``."""
         out = self._bytes(buf)
         if promote is None:
             promote = False if self.promote_background else None
         try:
-            n = self.store.get_into(key, out, promote=promote, deadline=deadline)
+            n = self.store.get_into(key, out, promote=promote, deadline=deadline, local_only=local_only)
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
             return False, "store_exception"
@@ -372,7 +374,7 @@ class WorkerSide:
     def _read_async(self, key: bytes, deadline: float) -> tuple[bool, str | None]:
         assert self._async_buf is not None
         # shared-tier hits are promoted into the local tiers on this (background) thread
-        return self._read_chunk_into(key, self._async_buf, Deadline(deadline), promote=True)
+        return self._read_chunk_into(key, self._async_buf, Deadline(deadline), promote=True, local_only=False)
 
     def _scatter_async(self, block_ids: tuple[int, ...], first_block: int) -> None:
         assert self._async_buf is not None
@@ -397,24 +399,6 @@ class WorkerSide:
         return done_ids
 
     # -- reports -----------------------------------------------------------------------------
-    def _on_store_event(self, event: Any) -> None:
-        """(any thread) A change in this worker's local tiers, from ``store.subscribe``."""
-        with self._events_lock:
-            if event.kind in ("stored", "promoted"):
-                for k in event.keys:
-                    k = bytes(k)
-                    self._evicted_now.pop(k, None)
-                    self._stored_now[k] = self.store.where(k) or event.tier
-                return
-            for k in event.keys:
-                k = bytes(k)
-                where = self.store.where(k)
-                if where is None:
-                    self._stored_now.pop(k, None)
-                    self._evicted_now[k] = None
-                else:                       # left one tier, still in another: it moved
-                    self._stored_now[k] = where
-
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
         with self._events_lock:
@@ -423,13 +407,11 @@ class WorkerSide:
         return errors
 
     def take_worker_meta(self) -> KvtierWorkerMetadata | None:
-        with self._events_lock:
-            stored, self._stored_now = self._stored_now, {}
-            evicted, self._evicted_now = self._evicted_now, {}
+        stored, evicted = self.reports.take()
         if not (self._outcomes or stored or evicted or self._missing or self.always_report):
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
-                                    list(stored.values()), list(evicted))
+                                    list(stored.values()), evicted)
         self._outcomes, self._missing = {}, []
         return meta
 
