@@ -61,6 +61,9 @@ class CompanionSpec:
             (self.conversations >= 1, "conversations must be >= 1"),
             (self.turns_max >= 1, "turns-max must be >= 1"),
             (1.0 <= self.turns_mean <= self.turns_max, "turns-mean must be between 1 and turns-max"),
+            (self.turns_dist != "geometric" or self.turns_mean <= (1 + self.turns_max) / 2,
+             "turns-mean must be at most (1 + turns-max) / 2 for the geometric distribution (its flattest "
+             "truncation is uniform)"),
             (self.personas >= 1, "personas must be >= 1"),
             (self.system_tokens >= 16, "system-tokens must be >= 16"),
             (self.user_tokens >= 4, "user-tokens must be >= 4"),
@@ -104,6 +107,13 @@ def _truncated_geometric_p(mean: float, cap: int) -> float:
 
 def _num_turns(rng: random.Random, spec: CompanionSpec) -> int:
     p = _truncated_geometric_p(spec.turns_mean, spec.turns_max)
+    if spec.turns_dist == "geometric" and p < 1.0 and 1.0 - (1.0 - p) ** spec.turns_max < 0.5:
+        # a flat truncated geometric (mean near (1 + turns_max) / 2): rejection would almost never
+        # accept (it hung), so draw from the truncated distribution's inverse CDF in one step
+        q = 1.0 - p
+        u = rng.random()
+        n = math.ceil(math.log1p(-u * (1.0 - q ** spec.turns_max)) / math.log(q))
+        return min(spec.turns_max, max(1, n))
     while True:
         if spec.turns_dist == "geometric":
             n = 1 if p >= 1.0 else 1 + int(math.log(1.0 - rng.random()) / math.log(1.0 - p))

@@ -104,3 +104,24 @@ def test_arrivals_are_poisson_like_and_think_times_positive():
 def test_bad_spec_is_rejected(field, value):
     with pytest.raises(ValueError, match=field.replace("_", "-").split("-")[0]):
         generate_companion(CompanionSpec(**{field: value}))
+
+
+@pytest.mark.timeout(30)
+def test_flat_turn_distribution_draws_without_hanging():
+    """turns-mean at (1 + turns-max) / 2 made the rejection sampler spin forever (hung on main before
+    the fix, e.g. `kvtier workload companion --turns-max 5 --turns-mean 3`)."""
+    import random
+
+    from kvtier.workload.companion import _num_turns
+
+    spec = CompanionSpec(conversations=3, turns_max=5, turns_mean=3.0)
+    spec.validate()
+    rng = random.Random(0)
+    draws = [_num_turns(rng, spec) for _ in range(4000)]
+    assert set(draws) == {1, 2, 3, 4, 5}
+    assert abs(statistics.mean(draws) - 3.0) < 0.1
+
+
+def test_turn_mean_above_the_flattest_geometric_is_refused():
+    with pytest.raises(ValueError, match=r"\(1 \+ turns-max\) / 2"):
+        CompanionSpec(turns_max=5, turns_mean=4.0).validate()
