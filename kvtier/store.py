@@ -356,6 +356,8 @@ class TieredStore:
                 ok = False
             if ok:
                 self._notify("stored", tier, [key])
+                if not tier.capabilities.complete_index:
+                    self._mark_shared([key])   # its children may be put before the write lands
             stored = stored or ok
         return stored
 

@@ -74,7 +74,7 @@ class TtftRow:
     kvtier_ssd_s: float | None = None
     example_connector_s: float | None = None
     example_connector_error: str | None = None
-    hit_tokens: int | None = None           # tokens a full hit loads (whole chunks up to the last token)
+    hit_tokens: int | None = None           # tokens a full hit loads (ttft_check.expected_hit_tokens)
     kv_bytes: int | None = None
     ideal_read_s: float | None = None       # best raw read of the same chunk files (rawread)
     ideal_ssd_s: float | None = None
@@ -150,7 +150,7 @@ def _ideal_read(workdir: Path, hit_tokens: int, chunk: int, per_tok: int) -> "Ra
     from kvtier.chunk import file_size
     from kvtier.integrations.vllm.worker_side import PREFETCH_DEPTH    # the connector's chunk reads in flight
 
-    chunks = hit_tokens // chunk
+    chunks = -(-hit_tokens // chunk)          # chunk files the hit reads (the last one may be used in part)
     if chunks <= 0:
         return None
     fbytes = file_size(chunk * per_tok)
@@ -209,7 +209,9 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
             if role.startswith("peer:") and rows(role).get(k, {}).get("hit"):
                 r.peers_hit_s[role[5:]] = _median(rows(role)[k]["hit"])
         if chunk:
-            r.hit_tokens = (n - 1) // chunk * chunk
+            from kvtier.bench.ttft_check import expected_hit_tokens
+
+            r.hit_tokens = expected_hit_tokens(n, chunk, block)
             r.kv_bytes = r.hit_tokens * per_tok
             raw = _ideal_read(workdir, r.hit_tokens, chunk, per_tok) if r.apc_hit_s is not None else None
             if raw is not None:

@@ -17,11 +17,17 @@ from dataclasses import dataclass
 TIERS = ("memory", "disk")
 
 
+def expected_hit_tokens(prompt_tokens: int, chunk_tokens: int, block_tokens: int) -> int:
+    """Tokens a full kvtier hit loads: the prompt's whole chunks are stored, and vLLM takes whole
+    blocks up to (not including) the last prompt token, so the last chunk may be used in part."""
+    return min(prompt_tokens // chunk_tokens * chunk_tokens, (prompt_tokens - 1) // block_tokens * block_tokens)
+
+
 @dataclass(frozen=True)
 class HitEvidence:
     """What one timed request left behind (counter deltas are over that request only)."""
 
-    expect_tokens: int                 # whole chunks up to the last prompt token
+    expect_tokens: int                 # expected_hit_tokens(...)
     chunk_tokens: int
     reset_ok: bool | None              # reset_prefix_cache() before the request; None: not called
     vllm_cached_tokens: int | None     # RequestOutput.num_cached_tokens
@@ -46,7 +52,7 @@ def verify_kvtier_hit(ev: HitEvidence, tier: str) -> list[str]:
     loaded = _sum(d, "kvtier_connector_loaded_tokens_total")
     if loaded != ev.expect_tokens:
         bad.append(f"kvtier loaded {loaded:.0f} tokens into vLLM's blocks, expected {ev.expect_tokens}")
-    chunks = ev.expect_tokens // ev.chunk_tokens if ev.chunk_tokens else 0
+    chunks = -(-ev.expect_tokens // ev.chunk_tokens) if ev.chunk_tokens else 0   # a partly used chunk is read too
     served = _sum(d, "kvtier_store_hits_total", f"tier={tier}")
     if served != chunks:
         bad.append(f"{served:.0f} chunk reads served by the {tier} tier, expected {chunks}")

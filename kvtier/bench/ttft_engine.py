@@ -132,12 +132,12 @@ def _connector(role: str, root: Path) -> dict | None:
 
 
 def _check(role: str, row: dict, n: int, chunk: int, block: int) -> list[str]:
-    from kvtier.bench.ttft_check import HitEvidence, verify_kvtier_hit, verify_prefix_cache_hit
+    from kvtier.bench.ttft_check import HitEvidence, expected_hit_tokens, verify_kvtier_hit, verify_prefix_cache_hit
 
     bad = []
     for label, tier in (("ram_hit", "memory"), ("ssd_hit", "disk")):
         for s in row.get(label, []) if role.startswith("kvtier") else []:
-            ev = HitEvidence((n - 1) // chunk * chunk, chunk, s["reset_ok"], s["cached"], s["kvtier"])
+            ev = HitEvidence(expected_hit_tokens(n, chunk, block), chunk, s["reset_ok"], s["cached"], s["kvtier"])
             bad += [f"{label} {n}: {v}" for v in verify_kvtier_hit(ev, tier)]
     for s in row.get("apc_hit", []):
         bad += [f"apc_hit {n}: {v}" for v in verify_prefix_cache_hit((n - 1) // block * block, s["cached"])]

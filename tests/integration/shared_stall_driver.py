@@ -60,7 +60,9 @@ def main() -> int:
         store["faults"] = {"wraps": "shared", "stall_after": 1, "stall_s": 4.0}
     cfg = {"store": store, "connector": {"request_log": args.log, "load_timeout_s": 5.0}}
     llm = make_llm(args.model, dtype="float32", max_model_len=2048, kv_transfer_config=kv_transfer_config(cfg),
-                   enable_prefix_caching=False, max_num_batched_tokens=512)
+                   enable_prefix_caching=False, max_num_batched_tokens=512,
+                   # a small fixed KV cache: the CPU backend refuses to start when other jobs hold RAM
+                   gpu_memory_utilization=0.5, kv_cache_memory_bytes=512 << 20)
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     P = prompts()
     out: dict = {"outputs": {}}

@@ -138,8 +138,10 @@ def _load(phase: dict, prompt_len: int) -> tuple[int, int]:
     return loads[0] if loads else (0, 0)
 
 
-def _full_chunks(n: int, chunk: int) -> int:
-    return (n - 1) // chunk * chunk     # whole chunks, at least one prompt token left to compute
+def _full_chunks(n: int, chunk: int, block: int = 128) -> int:
+    """A full hit: the stored whole chunks, cut to vLLM's whole blocks before the last token
+    (every prompt length here is far from a chunk boundary, so this is whole chunks)."""
+    return min(n // chunk * chunk, (n - 1) // block * block)
 
 
 def _check_phase(reference: dict, phases: dict, name: str, hits: dict[str, int]) -> None:

@@ -181,6 +181,15 @@ def test_shared_tier_is_written_in_background_and_read_last(tmp_path: Path) -> N
         assert s.put(more[-1], more[-2], payload(99), num_tokens=4, shape=(P,), dtype="uint8")
 
 
+def test_a_chain_goes_to_the_shared_tier_without_local_tiers(tmp_path: Path) -> None:
+    keys = chunk_keys(NS, list(range(24)))
+    shared = DictSharedTier()
+    with with_shared(StoreConfig.model_validate({"chunk_size": 4, "memory": {"enabled": False}}), shared) as s:
+        assert s.tiers == [shared]
+        assert all(put_chain(s, keys)) and s.flush(10)          # a child's parent is only in the shared tier
+        assert set(shared.data) == set(keys)
+
+
 def test_stalled_shared_tier_does_not_delay_puts_or_lookups(tmp_path: Path) -> None:
     from kvtier.config import SharedFsConfig
     from kvtier.tiers.guard import GuardedTier

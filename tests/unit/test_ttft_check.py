@@ -54,3 +54,14 @@ def test_unknown_tier_is_an_error() -> None:
 def test_prefix_cache_row() -> None:
     assert verify_prefix_cache_hit(896, 896) == [] and verify_prefix_cache_hit(896, 1024) == []
     assert verify_prefix_cache_hit(896, 0) and verify_prefix_cache_hit(896, None)
+
+
+def test_expected_hit_tokens_uses_a_partly_used_last_chunk() -> None:
+    from kvtier.bench.ttft_check import expected_hit_tokens
+
+    assert expected_hit_tokens(600, 256, 128) == 512
+    assert expected_hit_tokens(1024, 256, 128) == 896     # 4 chunks stored; vLLM leaves the last block
+    assert expected_hit_tokens(1100, 256, 128) == 1024
+    ev = _ev(expect_tokens=896, vllm_cached_tokens=896,
+             kvtier_delta={"kvtier_connector_loaded_tokens_total": 896.0, "kvtier_store_hits_total{tier=disk}": 4.0})
+    assert verify_kvtier_hit(ev, "disk") == []          # (measured: 4 chunk reads for a 1024-token prompt)
