@@ -208,3 +208,37 @@ def test_deployment_prefix_separates_namespaces_and_keeps_old_digests():
     assert b"deployment" not in base.canonical_bytes()     # unchanged digests for every existing cache
     toks = list(range(8))
     assert chunk_keys(a, toks)[0] != chunk_keys(b, toks)[0]
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.binary(max_size=HEADER_SIZE + 9000), flip=st.integers(0, 2**31))
+def test_sharedfs_tier_reads_of_garbage_files_are_misses(tmp_path, data, flip):
+    """The shared-filesystem reader (any machine can write the mount) on random / mutated files."""
+    from kvtier.config import SharedFsConfig
+    from kvtier.tiers.protocol import Deadline, Status, WriteItem
+    from kvtier.tiers.sharedfs import SharedFsTier
+
+    import uuid
+
+    mnt = tmp_path / uuid.uuid4().hex
+    mnt.mkdir()                                   # the "mount" exists (a missing one starts the tier down)
+    tier = SharedFsTier.open(SharedFsConfig(path=mnt, janitor=False), NS)
+    try:
+        key = chunk_keys(NS, [1, 2, 3, 4])[0]
+        meta = ChunkMeta(key, None, 4, (P,), "uint8", P)
+        assert tier.write([WriteItem(meta, memoryview(payload(0)))]) == [True] and tier.flush(10)
+        path = Path(tier.layout.path_of(key))
+        good = path.read_bytes()
+        if data and flip % 2:
+            b = bytearray(good)
+            b[flip % len(b)] ^= 0x5A
+            data = bytes(b)
+        path.write_bytes(data)
+        out = bytearray(P)
+        (res,) = tier.read_into([key], [memoryview(out)], Deadline.after(10))     # never raises
+        if data == good:
+            assert res.status is Status.HIT and bytes(out) == payload(0)
+        else:
+            assert res.status is not Status.HIT
+    finally:
+        tier.close()
