@@ -15,6 +15,9 @@ runner = CliRunner()
 
 
 def test_serve_dry_run_builds_the_vllm_command(tmp_path):
+    import kvtier.compute
+
+    kvtier.compute._announced.clear()     # the dtype line is said once per process: another test may have
     r = runner.invoke(app, ["serve", "--dry-run", "--disk", str(tmp_path / "ssd"), "--ram", "1GiB",
                             "--model", str(tmp_path), "--", "--max-model-len", "8192"])
     assert r.exit_code == 0, r.output
