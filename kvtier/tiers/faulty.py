@@ -221,18 +221,6 @@ class FaultyTier(Tier):
     def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
         return False if self._write_fails(meta.key) else self.inner.put(meta, payload)
 
-    def submit(self, meta: ChunkMeta, payload: memoryview, release: Callable[[], None]) -> bool:
-        """The disk tier's queued write (the store's write-through path)."""
-        if self._write_fails(meta.key):
-            release()
-            return False
-        return self.inner.submit(meta, payload, release)        # type: ignore[attr-defined]
-
-    def submit_copy(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
-        if self._write_fails(meta.key):
-            return False
-        return self.inner.submit_copy(meta, payload)            # type: ignore[attr-defined]
-
     def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:
         fails = [self._write_fails(it.meta.key) for it in items]
         passed = [it for it, bad in zip(items, fails) if not bad]
