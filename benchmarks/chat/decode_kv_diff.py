@@ -2,7 +2,7 @@
 the next turn's output (issue 13).
 
     flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/chat/decode_kv_diff.py \
-        [--prompt-tokens 200] [--gen-tokens 330] [--answer-tokens 32] [--json OUT]
+        [--prompt-tokens 200] [--gen-tokens 330] [--answer-tokens 32] [--json OUT] [--from DIR]
 
 Runs ``tests/integration/save_generated_driver.py`` twice at once (one core each): ``kvtier``
 saves the chunks of turn 1's prompt + generated tokens during decode (``save_generated``), then
@@ -91,18 +91,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gen-tokens", type=int, default=330)
     ap.add_argument("--answer-tokens", type=int, default=32)
     ap.add_argument("--json")
+    ap.add_argument("--from", dest="from_dir", help="compare the outputs of an earlier run of both drivers in this "
+                    "directory (e.g. test_save_generated.py's tmp dir) instead of running them")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from kvtier.model import ensure_model
 
-    model = str(ensure_model())
     with tempfile.TemporaryDirectory(prefix="kvtier-kvdiff-") as tmp:
-        d = Path(tmp)
-        procs = {r: _run(r, model, d, i % max(1, os.cpu_count() or 1), args) for i, r in enumerate(("kvtier", "reference"))}
-        for role, p in procs.items():
-            if p.wait(timeout=580) != 0:
-                print(f"{role} driver failed:\n" + (d / f"{role}.stderr").read_text(errors="replace")[-3000:])
-                return 1
+        d = Path(args.from_dir or tmp)
+        if not args.from_dir:
+            model = str(ensure_model())
+            procs = {r: _run(r, model, d, i % max(1, os.cpu_count() or 1), args)
+                     for i, r in enumerate(("kvtier", "reference"))}
+            for role, p in procs.items():
+                if p.wait(timeout=580) != 0:
+                    print(f"{role} driver failed:\n" + (d / f"{role}.stderr").read_text(errors="replace")[-3000:])
+                    return 1
         kv, ref = (json.loads((d / f"{r}.json").read_text()) for r in ("kvtier", "reference"))
         t2 = kv["turn2"]
         claimed = sum(e.get("claimed_tokens", 0) for e in t2["log"] if e["event"] == "claim")
