@@ -230,3 +230,24 @@ def test_saved_generated_kv_loads_back_exactly_for_the_next_turn():
     for name in kv:
         for i in range(4):
             assert torch.equal(dst[name][tables2("b")[i]], kv[name][tables("a")[i]])
+
+
+def test_with_vllms_own_request_class():
+    """The attributes the scheduler half reads (all_token_ids, num_tokens, num_computed_tokens,
+    num_prompt_tokens and the key fields) on vLLM's real ``Request``, tokens appended its way."""
+    from vllm import SamplingParams
+    from vllm.v1.request import Request
+
+    store = FakeStore()
+    s, tables = _sched(store)
+    req = Request("r", _prompt(200), SamplingParams(max_tokens=400), None)
+    _admit(s, tables, req)
+    saves = [_step(s, tables, req, 200).saves]
+    req.append_output_token_ids(1000)
+    for i in range(1, 330):
+        saves.append(_step(s, tables, req, 1).saves)
+        req.append_output_token_ids(1000 + i)
+    got = [(i, c.chunk_index) for i, step in enumerate(saves) for c in step]
+    assert got == [(56, 0), (312, 1)]
+    assert [c.key for step in saves for c in step] == chunk_keys(NS, list(req.all_token_ids))[:2]
+    assert s.finished(req, tables("r")) is False
