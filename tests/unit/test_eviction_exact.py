@@ -85,6 +85,7 @@ OPS = st.lists(st.one_of(
     st.tuples(st.just("set_parent"), KEYS, KEYS),
     st.tuples(st.just("pick"), st.frozensets(KEYS, max_size=3)),
     st.tuples(st.just("evict"), st.frozensets(KEYS, max_size=2)),
+    st.tuples(st.just("put"), KEYS, st.integers(-1, 11), st.integers(1, 6), st.frozensets(KEYS, max_size=2)),
 ), max_size=80)
 
 
@@ -103,6 +104,24 @@ def _run(name: str, ops) -> None:
         elif kind == "remove":
             p.remove(op[1])
             ref.remove(op[1])
+        elif kind == "put":                                     # put_evicting = pick/remove... then add
+            _, k, parent, cap, excluded = op
+            parent = parent if 0 <= parent < k else None
+            got = p.put_evicting(k, parent, 100, 4, cap, excluded.__contains__ if excluded else None)
+            n, ok = 0, True
+            if k in ref.e:
+                ref.touch(k)
+            else:
+                while len(ref.e) >= cap:
+                    v = ref.pick(excluded)
+                    if v is None:
+                        ok = False
+                        break
+                    ref.remove(v)
+                    n += 1
+                if ok:
+                    ref.add(k, parent, 100, 4)
+            assert got == (ok, n), ops
         elif kind == "set_parent":
             k, parent = op[1], op[2]
             if parent < k:
