@@ -165,19 +165,47 @@ class EvictionPolicy:
             self.touch(key)
             return True, 0
         n = 0
-        order = self._order
+        if not self._lru:
+            while len(entries) >= capacity:
+                v = self._pick_cost(exclude)
+                if v is None:
+                    return False, n
+                self.remove(v)
+                n += 1
+            self.add(key, parent, size, tokens)
+            return True, n
+        order, heap, old, kids = self._order, self._heap, self._old, self._kids
         while len(entries) >= capacity:
-            if self._lru and not self._heap and order:      # pick's common case, inlined
-                v = next(iter(order))
-                if exclude is not None and exclude(v):
-                    v = self.pick(exclude)
-            else:
-                v = self.pick(exclude)
+            # pick, inlined: the older of the dict's first leaf and the side heap's top
+            while heap and old.get(heap[0][1]) != heap[0][0]:
+                heapq.heappop(heap)
+            v = next(iter(order), None)
+            if heap and (v is None or heap[0][0] < entries[v].prio):
+                v = heap[0][1]
             if v is None:
                 return False, n
+            if exclude is not None and exclude(v):
+                v = self.pick(exclude)
+                if v is None:
+                    return False, n
             self.remove(v)
             n += 1
-        self.add(key, parent, size, tokens)
+        # add, inlined
+        pe = entries.get(parent) if parent is not None else None
+        e = _Entry(parent, size, tokens, pe.depth + 1 if pe else 0)
+        entries[key] = e
+        if parent is not None:
+            pk = kids.get(parent)
+            if pk is None:
+                kids[parent] = {key}
+                if pe is not None and order.pop(parent, _END) is _END:
+                    old.pop(parent, None)
+            else:
+                pk.add(key)
+        self._clock += 1.0
+        e.prio = self._clock
+        if key not in kids:
+            order[key] = None
         return True, n
 
     def set_parent(self, key: ChunkKey, parent: ChunkKey | None) -> None:
