@@ -52,17 +52,20 @@ class SentIdeal:
 
 
 def sent_ideal(convs: Sequence[Conversation], records: Sequence[RequestRecord], tokenizer: TokenCounter,
-               block_size: int) -> SentIdeal:
-    """Both ceilings (module docstring) over the successful chat requests of ``records``."""
+               block_size: int, counted: Sequence[RequestRecord] | None = None) -> SentIdeal:
+    """Both ceilings (module docstring) over the successful chat requests of ``records`` (the whole
+    run, in send order); only those in ``counted`` (default: all) add to the totals, as when a
+    comparison is restricted to the requests every configuration served."""
     sent = [(r, m) for r, m in sent_messages(convs, records) if r.ok]
+    keep = None if counted is None else {id(r) for r in counted}
     prompts = render_chat_many(tokenizer, [m for _, m in sent])
     only, both = PrefixBlockSet(block_size), PrefixBlockSet(block_size)
-    total = hit_p = hit_r = 0
+    n = total = hit_p = hit_r = 0
     for (rec, _), ids in zip(sent, prompts):
-        total += len(ids)
-        hit_p += only.lookup_and_insert(ids)
-        hit_r += both.lookup_and_insert(ids)
+        hp, hr = only.lookup_and_insert(ids), both.lookup_and_insert(ids)
         if rec.reply:
             both.lookup_and_insert(list(ids) + tokenizer.encode(rec.reply))
-    return SentIdeal(requests=len(sent), prompt_tokens=total, block_size=block_size,
+        if keep is None or id(rec) in keep:
+            n, total, hit_p, hit_r = n + 1, total + len(ids), hit_p + hp, hit_r + hr
+    return SentIdeal(requests=n, prompt_tokens=total, block_size=block_size,
                      hit_tokens_prompts=hit_p, hit_tokens_with_replies=hit_r)
