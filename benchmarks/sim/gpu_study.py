@@ -6,16 +6,17 @@ RAM-only about 1.4x, prefix hit rate from ~3% to > 50%; long-document QA (> 20K-
 prompts): 13x lower TTFT, 8x more users under TTFT <= 2 s, > 4x lower TTFT at 30 users.
 
 The workloads below are of that *shape*, chosen before running (not fitted to the answer):
-companion: 400 conversations of ~12 turns over 400 personas (1,500-token persona prompts,
-~200 tokens added per turn, up to 24K-token prompts) arriving at 0.35/s with 90 s think
-times (trace mode: ~380 users active at once, interleaved);
+companion: 500 conversations of ~12 turns over 400 personas (1,500-token persona prompts,
+~200 tokens added per turn, half of them resumed chats with history, up to 24K-token
+prompts), 250 users at once (closed loop, all starting together, 60 s median think time):
+every user's turns are interleaved with the other users';
 long documents: 60 documents of 20-28K tokens, 6 questions each, visited 20 at a time.
 Engine and tiers from the presets (kvtier/sim/presets.py, derivations in docs/simulator.md):
 vLLM's own KV cache is what the preset's HBM leaves; RAM 128 GiB over PCIe, SSD 2 TiB NVMe
 Gen4. The sensitivity table varies one parameter at a time around the companion base.
 
 Equivalent CLI for one row: kvtier workload companion -o c.jsonl --conversations 1200 ... ;
-kvtier simulate c.jsonl -p h100/llama-3-8b --ram 128GiB --ssd 2TiB --mode trace --json -
+kvtier simulate c.jsonl -p h100/llama-3-8b --ram 128GiB --ssd 2TiB -c 250 --json -
 Run: flock /tmp/kvtier-heavy.lock timeout 600 python benchmarks/sim/gpu_study.py [--out DIR] [--quick]
 """
 
@@ -43,10 +44,9 @@ RAM, SSD = 128 * GIB, 2048 * GIB
 
 
 def companion_trace(d: Path, quick: bool, unit: int = 16):
-    spec = CompanionSpec(conversations=100 if quick else 400, turns_mean=12, turns_max=40, personas=400,
+    spec = CompanionSpec(conversations=120 if quick else 500, turns_mean=12, turns_max=40, personas=400,
                          system_tokens=1500, user_tokens=50, assistant_tokens=150, max_prompt_tokens=24000,
-                         resume_fraction=0.15, rate=0.35, think_time_s=90.0, away_fraction=0.1, away_time_s=600.0,
-                         seed=7)
+                         resume_fraction=0.5, think_time_s=60.0, away_fraction=0.1, away_time_s=600.0, seed=7)
     p = d / "companion.jsonl"
     write_workload(p, *generate_companion(spec))
     return load_workload_trace(p, unit_tokens=unit, tokenizer=None)
@@ -115,7 +115,7 @@ def main() -> None:
         doc = longdoc_trace(Path(d), args.quick)
     print(f"companion: {comp.num_requests} requests, mean prompt {comp.prompt_tokens.mean():.0f} tokens; "
           f"longdoc: {doc.num_requests} requests, mean prompt {doc.prompt_tokens.mean():.0f}", flush=True)
-    closed = LoadSpec(mode="trace")
+    closed = LoadSpec(mode="closed", concurrency=120 if args.quick else 250)
     base = trio(comp, "h100/llama-3-8b", closed)
     res["companion"] = {"rows": base, **ratios(base)}
     print("companion base", json.dumps(ratios(base)), flush=True)
@@ -124,11 +124,14 @@ def main() -> None:
         ("base (h100/llama-3-8b, RAM 128 GiB, SSD 2 TiB)", "h100/llama-3-8b", closed, {}),
         ("h200 (more HBM: bigger vLLM cache)", "h200/llama-3-8b", closed, {}),
         ("qwen2.5-7b (KV 57 KB/token: 2.3x more tokens per GB)", "h100/qwen2.5-7b", closed, {}),
-        ("half the users (arrivals 2x apart)", "h100/llama-3-8b", LoadSpec(mode="trace", time_scale=2.0), {}),
-        ("think time / 3", "h100/llama-3-8b", LoadSpec(mode="trace", think_time_scale=1 / 3), {}),
+        ("half the users", "h100/llama-3-8b", LoadSpec(mode="closed", concurrency=closed.concurrency // 2), {}),
+        ("think time / 4", "h100/llama-3-8b", LoadSpec(mode="closed", concurrency=closed.concurrency,
+                                                       think_time_scale=0.25), {}),
         ("vLLM KV cache / 2", "h100/llama-3-8b", closed, {"engine__kv_cache_tokens": lambda x: x // 2}),
         ("RAM 32 GiB", "h100/llama-3-8b", closed, {"ram": 32 * GIB}),
         ("RAM 512 GiB", "h100/llama-3-8b", closed, {"ram": 512 * GIB}),
+        ("vLLM KV cache x 4 (as if a 4x smaller KV per token)", "h100/llama-3-8b", closed,
+         {"engine__kv_cache_tokens": lambda x: x * 4}),
         ("PCIe / SSD read bandwidth / 4", "h100/llama-3-8b", closed,
          {"ram__read_bw": lambda x: x / 4, "ssd__read_bw": lambda x: x / 4}),
         ("prefill 2x slower (MFU 0.25)", "h100/llama-3-8b", closed,
@@ -161,7 +164,7 @@ def main() -> None:
 
 def render(res: dict) -> str:
     c = res["companion"]
-    out = ["## Companion chat (h100/llama-3-8b, trace-mode arrivals)", "",
+    out = ["## Companion chat (h100/llama-3-8b, closed loop, all users start together)", "",
            "| config | TTFT mean (s) | TTFT p90 (s) | token hit rate | vLLM / RAM / SSD |", "|---|---|---|---|---|"]
     for name, r in c["rows"].items():
         t = r["tier_hit_rate"]
