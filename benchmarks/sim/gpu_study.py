@@ -119,6 +119,18 @@ def main() -> None:
     base = trio(comp, "h100/llama-3-8b", closed)
     res["companion"] = {"rows": base, **ratios(base)}
     print("companion base", json.dumps(ratios(base)), flush=True)
+    # long documents
+    one = trio(doc, "h100/llama-3-8b", LoadSpec(mode="closed", concurrency=1, think_time_scale=0.0))
+    at30 = trio(doc, "h100/llama-3-8b", LoadSpec(mode="closed", concurrency=30, think_time_scale=0.0))
+    users = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
+    mu = {c: max_users(doc, "h100/llama-3-8b", c, 2.0, users) for c in ("vllm", "ram+ssd")}
+    res["longdoc"] = {
+        "single_user": one, "at_30_users": at30, "max_users_mean_ttft_2s": mu, "users_grid": users,
+        "single_user_speedup_16k_plus": (one["vllm"]["ttft_mean_16k_plus_s"] or 0)
+        / (one["ram+ssd"]["ttft_mean_16k_plus_s"] or float("nan")),
+        "speedup_at_30": at30["vllm"]["ttft_mean_s"] / at30["ram+ssd"]["ttft_mean_s"]}
+    print("longdoc", json.dumps({k: v for k, v in res["longdoc"].items() if k not in ("single_user", "at_30_users")}),
+          flush=True)
     sens = []
     variants = [
         ("base (h100/llama-3-8b, RAM 128 GiB, SSD 2 TiB)", "h100/llama-3-8b", closed, {}),
@@ -143,18 +155,6 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         (args.out / "study.json").write_text(json.dumps(res | {"sensitivity": sens}, indent=2, default=float))
     res["sensitivity"] = sens
-    # long documents
-    one = trio(doc, "h100/llama-3-8b", LoadSpec(mode="closed", concurrency=1, think_time_scale=0.0))
-    at30 = trio(doc, "h100/llama-3-8b", LoadSpec(mode="closed", concurrency=30, think_time_scale=0.0))
-    users = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64]
-    mu = {c: max_users(doc, "h100/llama-3-8b", c, 2.0, users) for c in ("vllm", "ram+ssd")}
-    res["longdoc"] = {
-        "single_user": one, "at_30_users": at30, "max_users_mean_ttft_2s": mu, "users_grid": users,
-        "single_user_speedup_16k_plus": (one["vllm"]["ttft_mean_16k_plus_s"] or 0)
-        / (one["ram+ssd"]["ttft_mean_16k_plus_s"] or float("nan")),
-        "speedup_at_30": at30["vllm"]["ttft_mean_s"] / at30["ram+ssd"]["ttft_mean_s"]}
-    print("longdoc", json.dumps({k: v for k, v in res["longdoc"].items() if k not in ("single_user", "at_30_users")}),
-          flush=True)
     (args.out / "study.json").write_text(json.dumps(res, indent=2, default=float))
     (args.out / "study.md").write_text(render(res))
     print(render(res))
