@@ -19,6 +19,9 @@ Mooncake semantics and what the tier does about them (tests/integration/test_moo
   tests/services/mooncake_pool_owner.py). A vanished object is a counted miss.
 * The master evicts when the pool is full (high watermark); a put it cannot place returns
   ``NO_AVAILABLE_HANDLE``: ``False`` + a ``full`` event once per burst.
+* Bounded reads: ``read_into`` moves at most the caller's buffer (payload) plus a fixed scratch area
+  (header, trailer); ``get`` allocates from ``get_size`` only after checking it against the
+  namespace's read limit (``store.max_chunk_bytes``; larger: a ``too_large`` miss, removed).
 * Deadlines: existence checks run on a helper thread and are abandoned at the deadline
   (``UNAVAILABLE``: they touch no caller memory); reads and writes are bounded by the client's own
   RPC / transfer timeouts, derived from ``io_timeout_s`` (see ``mooncake_client``). A master absent at
@@ -35,7 +38,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, encode_header, \
-    file_size, pack_trailer, verify_digest
+    file_size, pack_trailer, read_limit, verify_digest
 from kvtier.config import MooncakeConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
@@ -312,6 +315,11 @@ class MooncakeTier(Tier):
             return None
         size = store.get_size(self._name(key))
         if size < HEADER_SIZE + TRAILER_SIZE:
+            return None
+        if size > read_limit(self._ns):   # allocate from a checked size only
+            self._tm.event("too_large", self.name, f"{key.hex()[:16]}: object of {size} B exceeds "
+                           "store.max_chunk_bytes")
+            self._remove(self._name(key), force=True)
             return None
         buf = memoryview(bytearray(size - HEADER_SIZE - TRAILER_SIZE))
         r = self.read_into([key], [buf], Deadline.after(self.cfg.io_timeout_s))[0]

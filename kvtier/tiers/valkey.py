@@ -22,6 +22,10 @@ Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
 * **Eviction is the server's.** Run the server with ``maxmemory`` and ``maxmemory-policy allkeys-lru``
   (or ``allkeys-lfu``); with ``noeviction`` a full server rejects writes (``full`` events, reads go
   on). Optional ``ttl_s`` expires chunks. The open-time probe logs the server's policy once.
+* **Bounded reads.** Values are read with ``GETRANGE key 0 cap`` where ``cap`` is the caller's buffer
+  (plus header and trailer) capped by the namespace's read limit (``store.max_chunk_bytes``): the
+  client never allocates more than ``cap + 1`` bytes, whatever the server holds. A longer value is
+  a counted miss (``wrong_size``; past the read limit ``too_large``, and deleted).
 * **Limits at open.** ``proto-max-bulk-len`` (CONFIG GET; 512 MiB when CONFIG is not allowed) is the
   ``max_chunk_bytes`` capability: the store refuses larger chunks at start with one line.
 * **Credentials** come from the config (``username`` / ``password``, a ``SecretStr``) or its
@@ -36,8 +40,8 @@ import threading
 import time
 from typing import Any, Iterable, Sequence
 
-from kvtier.chunk import (ChunkError, ChunkMeta, checksum, decode, encode_header, file_size,
-                          pack_trailer)
+from kvtier.chunk import (ChunkError, ChunkMeta, checksum, decode, encode_header, file_size, pack_trailer,
+                          read_limit)
 from kvtier.config import ValkeyConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
@@ -240,7 +244,7 @@ class ValkeyTier(Tier):
                 try:
                     pipe = g.client.pipeline(transaction=False)
                     for i in window:
-                        pipe.get(rks[i])
+                        pipe.getrange(rks[i], 0, self._cap(len(views[i])))
                     values = pipe.execute()
                 except Exception as exc:
                     failed = self._failed(exc, "read")
@@ -254,10 +258,22 @@ class ValkeyTier(Tier):
             self._delete_raw(bad)
         return [r if r is not None else ReadResult.unavailable("timeout") for r in res]
 
+    def _cap(self, payload_room: int) -> int:
+        """Largest value a read of a chunk with ``payload_room`` payload bytes accepts."""
+        return min(file_size(payload_room), read_limit(self._ns))
+
     def _verify_into(self, key: ChunkKey, value: Any, out: memoryview, bad: list[bytes], rk: bytes) -> ReadResult:
-        if value is None:
+        if not value:   # GETRANGE of a missing key is empty
             self._tm.event("missing", self.name, f"{key.hex()[:16]} absent (evicted or expired)")
             return ReadResult.miss("absent")
+        cap = self._cap(len(out))
+        if len(value) > cap:   # GETRANGE returned cap + 1 bytes: the value is longer than we accept
+            if cap == read_limit(self._ns):
+                self._tm.event("too_large", self.name, f"{key.hex()[:16]}: value exceeds store.max_chunk_bytes")
+                bad.append(rk)
+                return ReadResult.miss("too_large")
+            self._tm.event("wrong_size", self.name, f"{key.hex()[:16]}: value > buffer {len(out)} B")
+            return ReadResult.miss("wrong_size")
         try:
             meta, payload = decode(self._ns, value, expect_key=key)
         except ChunkError as e:
@@ -385,12 +401,17 @@ class ValkeyTier(Tier):
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         if self._disabled:
             return None
+        limit = read_limit(self._ns)
         try:
-            value = self._conns.groups("io", [self._rk(key)])[0].client.get(self._rk(key))
+            value = self._conns.groups("io", [self._rk(key)])[0].client.getrange(self._rk(key), 0, limit)
         except Exception as exc:
             self._failed(exc, "read")
             return None
-        if value is None:
+        if not value:
+            return None
+        if len(value) > limit:
+            self._tm.event("too_large", self.name, f"{key.hex()[:16]}: value exceeds store.max_chunk_bytes")
+            self._delete_raw([self._rk(key)])
             return None
         try:
             meta, payload = decode(self._ns, value, expect_key=key)
