@@ -13,8 +13,9 @@ Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
 * **Never wrong bytes.** Every value is verified (magic, version, namespace, key, length, checksum)
   before one byte reaches the caller's buffer; a bad value is a miss, counted under its kind, and
   deleted.
-* **One round trip per batch** (per node in cluster mode): existence checks are one pipeline of
-  ``EXISTS``; reads/writes are pipelines of ``GET``/``SET`` in windows of at most ``WINDOW_BYTES``.
+* **One round trip per batch** (per node in cluster mode, the nodes' pipelines in parallel on the
+  tier's node threads): existence checks are one pipeline of ``EXISTS``; reads/writes are pipelines
+  of ``GETRANGE``/``SET`` in windows of at most ``WINDOW_BYTES``.
 * **Deadlines.** Existence checks use a client whose socket timeout is ``lookup_timeout_s``, reads
   and writes one with ``io_timeout_s``; no client retries. Down / timeout / full become
   ``UNAVAILABLE`` / ``False`` plus an event counted once per burst (``kvtier.tiers.bursts``).
@@ -35,13 +36,13 @@ Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from kvtier.chunk import (ChunkError, ChunkMeta, checksum, decode, encode_header, file_size, pack_trailer,
-                          read_limit)
+from kvtier.chunk import ChunkError, ChunkMeta, decode, file_size, read_limit
 from kvtier.config import ValkeyConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
@@ -49,55 +50,14 @@ from kvtier.tiers.base import Tier, TierUsage, as_byte_view
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.valkey_conn import Connections, fault_kind, require_client, short
+from kvtier.tiers.valkey_wire import WINDOW_BYTES, release, send_sets, set_pieces, windows
+
+__all__ = ["ValkeyTier", "WINDOW_BYTES", "send_sets", "set_pieces"]
 
 log = logging.getLogger("kvtier.valkey")
 
-WINDOW_BYTES = 64 * 2**20        # most bytes in one read/write pipeline
 DEFAULT_MAX_BULK = 512 * 2**20   # Valkey's default proto-max-bulk-len
 _USAGE_EVERY_S = 10.0
-
-
-def set_pieces(ns_digest: bytes, rk: bytes, meta: ChunkMeta, payload: memoryview, px: int | None) -> list:
-    """A RESP ``SET rk <chunk> [PX ms]`` as socket pieces: the payload goes out of the caller's buffer
-    as is (no copy); header and trailer ride in small byte strings around it."""
-    header = encode_header(ns_digest, meta)
-    trailer = pack_trailer(checksum(header, payload))
-    n = 5 if px else 3
-    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(rk), rk, file_size(meta.payload_len))
-    tail = trailer + b"\r\n"
-    if px:
-        ms = str(px).encode()
-        tail += b"$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ms), ms)
-    return [head + bytes(header), payload, tail] if len(payload) else [head + bytes(header) + tail]
-
-
-def send_sets(client: Any, commands: list[list]) -> list[Any]:
-    """Send packed commands on one pooled connection and read one reply each (error replies are
-    returned, not raised). A transport error drops the connection (the next call reconnects)."""
-    pool = client.connection_pool
-    conn = pool.get_connection("SET")
-    try:
-        conn.send_packed_command([piece for cmd in commands for piece in cmd], check_health=False)
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(conn.read_response())
-            except Exception as exc:
-                if not _is_reply_error(exc):
-                    raise
-                replies.append(exc)
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
-def _is_reply_error(exc: BaseException) -> bool:
-    import valkey
-
-    return isinstance(exc, valkey.ResponseError)
 
 
 class ValkeyTier(Tier):
@@ -119,6 +79,7 @@ class ValkeyTier(Tier):
         self._usage = TierUsage(0, 0, 0)
         self._usage_at = 0.0
         self._lock = threading.Lock()
+        self._nodes: cf.ThreadPoolExecutor | None = None    # cluster mode: one pipeline per node, in parallel
         self.capabilities = Capabilities(shared=True, evicts_itself=True, complete_index=False,
                                          local_budget=False, max_chunk_bytes=DEFAULT_MAX_BULK)
 
@@ -181,6 +142,20 @@ class ValkeyTier(Tier):
         self._bursts.fault(kind, f"{what} at {self.where}: {short(exc)}")
         return kind
 
+    def _per_node(self, groups: Sequence[Any], fn: Callable[[Any], None], timeout: float | None = None) -> None:
+        """Run ``fn(group)`` for every node's group at once (inline when there is one) and wait for all,
+        or until ``timeout``: a group still running then is abandoned (``fn`` must only write results
+        that the caller stops reading). ``fn`` handles its own errors."""
+        if len(groups) == 1:
+            fn(groups[0])
+            return
+        with self._lock:
+            if self._nodes is None:
+                self._nodes = cf.ThreadPoolExecutor(max_workers=max(4, self.cfg.max_inflight),
+                                                    thread_name_prefix="kvtier-valkey-node")
+            pool = self._nodes
+        cf.wait([pool.submit(fn, g) for g in groups], timeout=timeout)
+
     # -- batched calls -----------------------------------------------------------------------
     def longest_prefix(self, keys: Sequence[ChunkKey], deadline: Deadline) -> PrefixResult:
         """One pipeline of EXISTS (per node); UNAVAILABLE if the first unknown key precedes a miss."""
@@ -195,21 +170,27 @@ class ValkeyTier(Tier):
         except Exception as exc:
             self._failed(exc, "lookup")
             return PrefixResult(0, Status.UNAVAILABLE)
-        for g in groups:
+
+        def node(g: Any) -> None:
             if deadline.expired():
-                break
+                return
             try:
                 pipe = g.client.pipeline(transaction=False)
                 for i in g.index:
                     pipe.exists(rks[i])
-                for i, v in zip(g.index, pipe.execute()):
-                    known[i] = bool(v)
+                answers = pipe.execute()
             except Exception as exc:
                 self._failed(exc, "lookup")
-        if any(v is not None for v in known):
+                return
+            for i, v in zip(g.index, answers):
+                known[i] = bool(v)
+
+        self._per_node(groups, node, timeout=deadline.remaining())
+        answered = list(known)   # a node answering after the deadline writes into ``known`` only
+        if any(v is not None for v in answered):
             self._bursts.ok()
         n = 0
-        for v in known:
+        for v in answered:
             if v is None:
                 return PrefixResult(n, Status.UNAVAILABLE)
             if not v:
@@ -219,7 +200,7 @@ class ValkeyTier(Tier):
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
                   deadline: Deadline) -> list[ReadResult]:
-        """Pipelined GETs (windows of ``WINDOW_BYTES`` by buffer size), each value verified, then copied."""
+        """Pipelined GETRANGEs (windows of ``WINDOW_BYTES`` by buffer size), each value verified, then copied."""
         n = len(keys)
         if self._disabled:
             return [ReadResult.unavailable("disabled")] * n
@@ -232,9 +213,10 @@ class ValkeyTier(Tier):
         except Exception as exc:
             kind = self._failed(exc, "read")
             return [ReadResult.unavailable(kind)] * n
-        for g in groups:
+
+        def node(g: Any) -> None:
             failed: str | None = None
-            for window in _windows(g.index, [len(views[i]) for i in g.index]):
+            for window in windows(g.index, [len(views[i]) for i in g.index]):
                 if failed is None and deadline.expired():
                     failed = "timeout"
                 if failed is not None:
@@ -254,6 +236,8 @@ class ValkeyTier(Tier):
                 self._bursts.ok()
                 for i, value in zip(window, values):
                     res[i] = self._verify_into(keys[i], value, views[i], bad, rks[i])
+
+        self._per_node(groups, node)   # every node's reads end (socket timeouts) before the buffers go back
         if bad:
             self._delete_raw(bad)
         return [r if r is not None else ReadResult.unavailable("timeout") for r in res]
@@ -311,11 +295,12 @@ class ValkeyTier(Tier):
                 self._failed(exc, "write")
                 return ok
             px = int(self.cfg.ttl_s * 1000) if self.cfg.ttl_s else None
-            for g in groups:
+
+            def node(g: Any) -> None:
                 pos = [todo[j] for j in g.index]
                 rk_of = {todo[j]: rks[j] for j in g.index}
                 failed = False
-                for window in _windows(pos, [file_size(items[i].meta.payload_len) for i in pos]):
+                for window in windows(pos, [file_size(items[i].meta.payload_len) for i in pos]):
                     if failed:
                         break
                     cmds = [set_pieces(self._ns, rk_of[i], items[i].meta, as_byte_view(items[i].payload), px)
@@ -328,18 +313,20 @@ class ValkeyTier(Tier):
                         continue
                     finally:
                         for i in window:
-                            _release(items, released, i)
+                            release(items, released, i)
                     self._bursts.ok()
                     for i, a in zip(window, answers):
                         if isinstance(a, Exception):
                             self._failed(a, "write")
                         else:
                             ok[i] = a in (True, b"OK", "OK")
+
+            self._per_node(groups, node)   # payload buffers are released only after every node is done
             self._maybe_usage()
             return ok
         finally:
             for i in range(len(items)):
-                _release(items, released, i)
+                release(items, released, i)
                 if on_done is not None:
                     on_done(items[i].meta.key, ok[i])
 
@@ -388,6 +375,10 @@ class ValkeyTier(Tier):
         return self._usage
 
     def close(self) -> None:
+        with self._lock:
+            pool, self._nodes = self._nodes, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         self._conns.close()
 
     # -- per-key calls, on top of the batched ones ---------------------------------------------
@@ -438,28 +429,3 @@ class ValkeyTier(Tier):
 
     def has_children(self, key: ChunkKey) -> bool:
         return False
-
-
-def _windows(index: list[int], sizes: list[int]) -> Iterable[list[int]]:
-    """Split ``index`` into runs whose ``sizes`` sum to at most WINDOW_BYTES (at least one each)."""
-    run: list[int] = []
-    total = 0
-    for i, size in zip(index, sizes):
-        if run and total + size > WINDOW_BYTES:
-            yield run
-            run, total = [], 0
-        run.append(i)
-        total += size
-    if run:
-        yield run
-
-
-def _release(items: Sequence[WriteItem], released: list[bool], i: int) -> None:
-    if not released[i]:
-        released[i] = True
-        rel = items[i].release
-        if rel is not None:
-            try:
-                rel()
-            except Exception:
-                log.exception("kvtier valkey: a write item's release() raised")
