@@ -42,7 +42,7 @@ from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, check
 from kvtier.config import MooncakeConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.mooncake_client import (INVALID_PARAMS, OBJECT_ALREADY_EXISTS, OBJECT_NOT_FOUND, TRANSFER_FAIL,
                                           Client, fault_kind, import_store)
@@ -56,7 +56,7 @@ def _ptr(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
-class MooncakeTier(Tier):
+class MooncakeTier(RemoteTier):
     """See the module docstring. Construct with ``open``; thread-safe."""
 
     name = "mooncake"
@@ -301,14 +301,7 @@ class MooncakeTier(Tier):
         self._lookups.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
-    # -- per-key calls, on top of the batched ones ---------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
-
-    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
-        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
-        return r.meta if r.ok else None
-
+    # -- per-key calls the batched ones do not cover (the rest: RemoteTier) ----------------------
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         store = self._ok()
         if store is None:
@@ -325,20 +318,5 @@ class MooncakeTier(Tier):
         r = self.read_into([key], [buf], Deadline.after(self.cfg.io_timeout_s))[0]
         return (r.meta, buf[:r.meta.payload_len]) if r.ok and r.meta else None
 
-    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
-        return self.write([WriteItem(meta, memoryview(payload))])[0]
-
     def delete(self, key: ChunkKey) -> bool:
         return self._remove(self._name(key))
-
-    def keys(self) -> list[ChunkKey]:
-        return []  # no local index: the master is the index
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return []
-
-    def holds(self, key: ChunkKey) -> bool:
-        return False
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return False

@@ -46,7 +46,7 @@ from kvtier.chunk import ChunkError, ChunkMeta, decode, file_size, read_limit
 from kvtier.config import ValkeyConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.valkey_conn import Connections, fault_kind, require_client, short
@@ -60,7 +60,7 @@ DEFAULT_MAX_BULK = 512 * 2**20   # Valkey's default proto-max-bulk-len
 _USAGE_EVERY_S = 10.0
 
 
-class ValkeyTier(Tier):
+class ValkeyTier(RemoteTier):
     """See the module docstring. Construct with ``open``; thread-safe."""
 
     name = "valkey"
@@ -381,14 +381,7 @@ class ValkeyTier(Tier):
             pool.shutdown(wait=False, cancel_futures=True)
         self._conns.close()
 
-    # -- per-key calls, on top of the batched ones ---------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
-
-    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
-        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
-        return r.meta if r.ok else None
-
+    # -- per-key calls the batched ones do not cover (the rest: RemoteTier) ----------------------
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         if self._disabled:
             return None
@@ -412,20 +405,5 @@ class ValkeyTier(Tier):
             return None
         return meta, memoryview(bytearray(payload))
 
-    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
-        return self.write([WriteItem(meta, memoryview(payload))])[0]
-
     def delete(self, key: ChunkKey) -> bool:
         return self.delete_many([key]) == 1
-
-    def keys(self) -> list[ChunkKey]:
-        return []  # no local index: the server is the index
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return []
-
-    def holds(self, key: ChunkKey) -> bool:
-        return False
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return False
