@@ -105,6 +105,6 @@ def test_demo_on_fast_servers_is_complete(tmp_path, virtual_time):
     facts = ModelFacts(path=Path("/nonexistent"), kv_bytes_per_token=36_864, max_model_len=8192, dtype="float32")
     figures = companion.run(base, tmp_path, facts, DemoOptions(quick=True, users=2, conversations=3),
                             calibration=fast, tokenizer=WordTokenizer(),
-                            start_server=_fake_start(virtual_time, {n: 0.0 for n in ("vanilla", "kvtier-ram", "kvtier-ram-ssd")}, []))
+                            start_server=_fake_start(virtual_time, {n: 0.001 for n in ("vanilla", "kvtier-ram", "kvtier-ram-ssd")}, []))
     assert figures["complete"] is True
     assert {c["ok"] for c in figures["requests"].values()} == {figures["planned_requests"]}
