@@ -21,8 +21,8 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
    cut short by its time bound makes the comparison partial (said in red): every configuration is
    then compared on exactly the requests all of them served (``kvtier.demo.fair``);
 4. unless --quick, the same three configurations at a lighter load (6 users, ``light_point`` in the
-   JSON, a section of the report), so the load-dependence of the ratios stays visible; the main
-   run is then sized for ``MAIN_SHARE`` of the target and the light point for the time left.
+   JSON, a section of the report), so the load-dependence of the ratios stays visible: sized for the
+   time the main run's estimate leaves of the target (at least one conversation per user).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from kvtier.demo.calibrate import Calibration, obtain_calibration
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
                                 console, fmt_pct, fmt_s, fmt_x, ratio, red, write_json)
 from kvtier.demo.fair import SameRequests, same_requests
-from kvtier.demo.live import (LIGHT_USERS, MAIN_SHARE, engine_size, light_sizing, replay_options, sent_ideals,
+from kvtier.demo.live import (LIGHT_USERS, engine_size, light_sizing, replay_options, sent_ideals,
                               work_figures)
 from kvtier.demo.sizing import Sizing, WorkloadFacts, engine_kv_tokens, max_model_len, size_companion
 
@@ -188,7 +188,7 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
     target = opts.target_s or base.target_s
     light = light_users(opts)
     with console.status("sizing the workload to this machine"):
-        sizing = choose_size(base, opts, cal, tokenizer, target * MAIN_SHARE if light else target)
+        sizing = choose_size(base, opts, cal, tokenizer, target)
     if light and light >= sizing.size.concurrency:
         console.print(f"[dim]no lighter load point: the run already has {sizing.size.concurrency} users[/]")
         light = 0

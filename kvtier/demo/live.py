@@ -30,8 +30,6 @@ from kvtier.demo.sizing import Sizing, WorkloadFacts, estimate, scaled
 REPLY_CAP_FACTOR = 5
 #: the lighter load point's users (the earlier reference runs measured 6 and 8 users)
 LIGHT_USERS = 6
-#: share of the demo's target wall time the main (default-load) run is sized for when the light point runs
-MAIN_SHARE = 0.62
 
 
 def engine_size(size: Any, history: str) -> Any:
