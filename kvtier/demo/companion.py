@@ -20,9 +20,10 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
    only), ``ram_only_speedup``, ``complete`` and per-configuration request counts. A configuration
    cut short by its time bound makes the comparison partial (said in red): every configuration is
    then compared on exactly the requests all of them served (``kvtier.demo.fair``);
-4. unless --quick, the same three configurations at a lighter load (6 users, ``light_point`` in the
-   JSON, a section of the report), so the load-dependence of the ratios stays visible: sized for the
-   time the main run's estimate leaves of the target (at least one conversation per user).
+4. unless --quick, when the sized run has more than 6 users, the same three configurations at 6
+   users (``light_point`` in the JSON, a section of the report), so the load-dependence of the
+   ratios stays visible: sized for the time the main run's estimate leaves of the target, at least
+   one conversation per user (so it can take the demo past the target; said in its estimate).
 """
 
 from __future__ import annotations
