@@ -15,10 +15,12 @@ sent as token ids (no tokenization drift here; ``benchmarks/chat/drift.py`` meas
 
 Tolerance. The hit's KV was computed during decode (one token per step) while the reference
 prefills the same tokens in one pass: float32 rounding differs in the last bits (measured with
-``benchmarks/chat/decode_kv_diff.py``: docs/results.md), which moves top-k logprobs by up to
-~1e-4 here; ``TOL`` = 5e-4 (a misplaced block moves them by whole units, see
-test_connector_e2e.py). Greedy ids must be identical over all 32 tokens.
-Budget: ~1.5 min on a 2-core AVX2 CPU.
+``benchmarks/chat/decode_kv_diff.py``: max |K| difference 7e-5 per layer, docs/results.md), which
+moved top-5 logprobs by at most 2.8e-5 here; ``TOL`` = 2e-4, the batch-composition tolerance of
+test_connector_e2e.py (a misplaced block moves logprobs by whole units). Greedy ids must be
+identical over all 32 tokens.
+Budget: the two engines run at once, one core each; 330 decode steps dominate. Measured 174 s on
+the 2-core AVX2 CPU with other helpers' jobs beside it (load average ~12); less on a quiet machine.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from tests.integration.test_connector_e2e import mismatches
 pytestmark = pytest.mark.integration
 
 DRIVER = Path(__file__).with_name("save_generated_driver.py")
-TOL = 5e-4
+TOL = 2e-4
 CHUNK = 256
 
 
