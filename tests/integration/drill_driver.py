@@ -118,7 +118,6 @@ def audit_worker(worker) -> dict:
     import gc
     import warnings
 
-    from kvtier.integrations.vllm.worker_side import PREFETCH_DEPTH, WorkerSide
     from kvtier.store import TieredStore
     from kvtier.tiers.memory import MemoryTier
     from kvtier.tiers.writer import WriterPool
@@ -127,13 +126,14 @@ def audit_worker(worker) -> dict:
         warnings.simplefilter("ignore")
         objs = gc.get_objects()
         stores = [o for o in objs if isinstance(o, TieredStore) and not o._closed]
-        sides = [o for o in objs if isinstance(o, WorkerSide)]
+        ws = sys.modules.get("kvtier.integrations.vllm.worker_side")     # loaded where a connector runs
+        sides = [o for o in objs if isinstance(o, ws.WorkerSide)] if ws else []
         mems = [o for o in objs if isinstance(o, MemoryTier) and o._slab is not None]
         pools = [o for o in objs if isinstance(o, WriterPool)]
     flushed = all(s.flush(60) for s in stores)
     return {
         "stores": len(stores), "flushed": flushed, "worker_sides": len(sides), "memory_tiers": len(mems),
-        "writer_pools": len(pools), "prefetch_depth": PREFETCH_DEPTH,
+        "writer_pools": len(pools), "prefetch_depth": ws.PREFETCH_DEPTH if ws else None,
         "load_buffers": [len(w._buffers) for w in sides],
         "async_buffers": [w._async_buf is not None for w in sides],
         "failed_reqs": sum(len(w._failed_reqs) for w in sides),
