@@ -62,10 +62,26 @@ def turn_drift(prompt: list[int], generated: list[int], next_prompt: list[int], 
     return rec
 
 
+def id_client_prompt(tok, prompt: list[int], generated: list[int], msgs: list[dict], user: str) -> list[int]:
+    """The next prompt a token-id client sends: prompt + generated ids, the end-of-turn token if the
+    reply was cut (max_tokens), then the chat template's text after the reply, encoded alone."""
+    eos = tok.encode("<|im_end|>")
+    full = tok._tok.apply_chat_template(msgs + [{"role": "user", "content": user}], tokenize=False,
+                                        add_generation_prompt=True)
+    reply = msgs[-1]["content"] + "<|im_end|>"
+    tail = full[full.rindex(reply) + len(reply):]
+    ids = prompt + generated
+    if ids[-len(eos):] != eos:
+        ids = ids + eos
+    return ids + tok.encode(tail)
+
+
 def summarize(records: list[dict], chunks: list[int]) -> dict:
     n = len(records)
     drifted = [r for r in records if r["drift"]]
+    checked = [r["id_recipe_matches_template"] for r in records if r.get("id_recipe_matches_template") is not None]
     out = {"turns": n, "drifted": len(drifted), "drift_rate": len(drifted) / n if n else 0.0,
+           "id_recipe_checked": len(checked), "id_recipe_matches": sum(checked),
            "where": {w: sum(1 for r in drifted if r["where"] == w)
                      for w in ("before reply", "reply start", "inside reply", "reply end")},
            "reply_tokens_after_divergence": {}, "per_chunk": {}}
@@ -143,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
             assert nxt == turns[c.id][k + 1]["prompt"]     # the prompt turn k+1 really was sent with
             rec = turn_drift(t["prompt"], t["generated"], nxt, chunks)
             rec.update(conversation=c.id, turn=k, finish=t["finish"])
+            # the token-id client's next prompt: S, <|im_end|> unless generated, then the template's
+            # text after the reply encoded alone (special tokens split, so no merge across the boundary)
+            ids_prompt = id_client_prompt(tok, t["prompt"], t["generated"], msgs, c.turns[k + 1].user or "")
+            rec["id_recipe_matches_template"] = (ids_prompt == nxt) if not rec["drift"] else None
             if rec["drift"]:
                 s = t["prompt"] + t["generated"]
                 lo = rec["lcp"]
