@@ -76,11 +76,10 @@ def kvtier_bench_config(disk: Path | str) -> dict:
 def shared_reader_config(shared: dict) -> dict:
     """The kvtier config of a shared-tier reader: fresh RAM, no SSD, the shared backend (bench
     deadlines: a slow 2-core machine must not turn a hit into a timeout)."""
-    cfg = {"lookup_timeout_s": 10.0, "io_timeout_s": 60.0, **shared}
-    if cfg.get("kind") == "sharedfs":
-        cfg.setdefault("janitor", False)
+    from kvtier.bench.shared_seed import reader_config
+
     return {"store": {"chunk_size": CHUNK, "memory": {"capacity": "4GiB"}, "disk": {"enabled": False},
-                      "shared": cfg}, "connector": {"load_timeout_s": 120.0}}
+                      "shared": reader_config(shared)}, "connector": {"load_timeout_s": 120.0}}
 
 
 def parse_repeats(text: str, lengths: list[int]) -> dict[int, int]:

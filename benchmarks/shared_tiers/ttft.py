@@ -1,8 +1,8 @@
 """`kvtier bench ttft` with a hit from every shared backend, on real servers started here.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_ttft/run.py --phase write \
+    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/ttft.py --phase write \
         --workdir /var/tmp/kvtier-ttft-shared
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_ttft/run.py --phase read \
+    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/ttft.py --phase read \
         --workdir /var/tmp/kvtier-ttft-shared --json benchmarks/results/ttft-shared.json --md ....md
 
 One measurement split into two jobs of < 10 minutes each on a 2-core CPU (``--resume``):
@@ -20,17 +20,17 @@ One measurement split into two jobs of < 10 minutes each on a 2-core CPU (``--re
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks" / "sharedfs"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from services import services  # noqa: E402
 
 
 def kvtier(args: list[str]) -> int:
@@ -38,35 +38,6 @@ def kvtier(args: list[str]) -> int:
     cmd = [sys.executable, "-m", "kvtier.cli", "bench", "ttft", *args]
     print("+ kvtier bench ttft " + " ".join(args), flush=True)
     return subprocess.run(cmd, env=env, cwd=ROOT).returncode
-
-
-@contextlib.contextmanager
-def services(tmp: Path, pool_bytes: int, which: set[str]):
-    """Yield the `kvtier bench ttft` options that name each started backend."""
-    from common import juicefs_volume
-    from tests.services.mooncake import MooncakeCluster
-    from tests.services.valkey_server import ValkeyServer
-
-    with contextlib.ExitStack() as stack:
-        opts: list[str] = []
-        if "sharedfs" in which:
-            fs, _meta = stack.enter_context(juicefs_volume(tmp / "jfs"))
-            a, b = fs.mount("a"), fs.mount("b")
-            (a.path / "kv").mkdir()
-            end = time.time() + 30
-            while not (b.path / "kv").is_dir() and time.time() < end:
-                time.sleep(0.05)
-            opts += ["--sharedfs", str(a.path / "kv"), "--sharedfs-read", str(b.path / "kv"),
-                     "--sharedfs-evict", str(fs.root / "bucket")]
-        if "valkey" in which:
-            v = ValkeyServer.start(tmp, maxmemory="4gb", policy="allkeys-lru", name="valkey-data")
-            stack.callback(v.stop)
-            opts += ["--valkey", v.url]
-        if "mooncake" in which:
-            mc = MooncakeCluster.start(tmp / "mc", segment_bytes=pool_bytes)
-            stack.callback(mc.stop)
-            opts += ["--mooncake", f"{mc.master_addr},{mc.metadata_url}"]
-        yield opts
 
 
 def main() -> int:
@@ -89,8 +60,8 @@ def main() -> int:
     which = {b.strip() for b in a.backends.split(",") if b.strip()}
     roles = ",".join(["kvtier-r", *(f"shared-r:{k}" for k in ("sharedfs", "valkey", "mooncake") if k in which)])
     with tempfile.TemporaryDirectory(prefix="kvtier-ttft-svc-") as tmp, \
-            services(Path(tmp), int(a.pool_gib * 2**30), which) as opts:
-        return kvtier(["--roles", roles, *opts, *common])
+            services(Path(tmp), int(a.pool_gib * 2**30), which) as ep:
+        return kvtier(["--roles", roles, *ep.ttft_options(), *common])
 
 
 if __name__ == "__main__":
