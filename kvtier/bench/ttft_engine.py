@@ -206,25 +206,31 @@ def _shared_hit(eng: Engine, prompt: list[int], evict: list[str]) -> dict:
 
 
 def _diag(eng: Engine, role: str, tok, n: int, root: Path, evict: list[str], block: int) -> dict:
-    """One extra prompt (``DIAG_TAG``) at length ``n``: the writer computes it (cold) and times its
-    RAM hit under cProfile; a reader times its hit under cProfile. Not part of any row."""
-    p = bench_prompts(tok, n, 1, DIAG_TAG)[0]
+    """Extra prompts (``DIAG_TAG``) at length ``n``, not part of any row: the writer computes two
+    (cold) and times a RAM hit plain and under cProfile; the SSD reader times a hit under cProfile,
+    the same prompt again with its files in the page cache (the device read taken out) and the
+    other prompt's hit plain; a shared reader times a hit under cProfile."""
+    p0, p1 = bench_prompts(tok, n, 2, DIAG_TAG)
     out: dict[str, Any] = {"length": n}
     if role == "kvtier-w":
-        out["cold"] = eng.timed(p, reset=False)
+        out["cold"] = eng.timed(p0, reset=False)
+        out["cold_2"] = eng.timed(p1, reset=False)
         _flush_kvtier()
-        out["ram_hit_plain"] = eng.timed(p, reset=True)      # the same hit without the profiler
-        out["ram_hit"] = eng.timed(p, reset=True, profile=True)
+        out["ram_hit_plain"] = eng.timed(p0, reset=True)      # the same hit without the profiler
+        out["ram_hit"] = eng.timed(p0, reset=True, profile=True)
         label = "ram_hit"
     elif role == "kvtier-r":
         evict_page_cache(root / "kvtier")
-        out["ssd_hit"] = eng.timed(p, reset=True, profile=True)
+        out["ssd_hit"] = eng.timed(p0, reset=True, profile=True)
+        out["ssd_hit_warm"] = eng.timed(p0, reset=True)              # page cache warm: the device read is out
+        evict_page_cache(root / "kvtier")
+        out["ssd_hit_plain"] = eng.timed(p1, reset=True)             # evicted, no profiler
         label = "ssd_hit"
     else:
         from kvtier.bench.shared_seed import evict as evict_paths
 
         evict_paths(evict)
-        out["shared_hit"] = eng.timed(p, reset=True, profile=True)
+        out["shared_hit"] = eng.timed(p0, reset=True, profile=True)
         label = "shared_hit"
     out["violations"] = _check(role, {label: [out[label]]}, n, CHUNK, block)
     return out
