@@ -8,6 +8,10 @@ later text-bearing chunks; e2e is the end of the stream. Usage comes from the fi
 ``include_usage`` chunk; ``cached_tokens`` from ``usage.prompt_tokens_details`` when the
 server reports it (vLLM: ``--enable-prompt-tokens-details``), else ``None``.
 
+The generated text (``delta.content`` / ``text`` of every chunk, reasoning excluded) is kept in
+``reply``: live-history replay (``kvtier.bench.history``) sends it back as the assistant message of
+the next turn, and the prompts actually sent can be rebuilt from the records.
+
 Failures never raise: they are recorded as ``error_kind`` in
 {connect, timeout, http_<status>, disconnect, incomplete, stream_error, bad_response}.
 """
@@ -23,6 +27,8 @@ from typing import Any
 import httpx
 
 from kvtier.workload.format import Conversation
+
+Message = dict[str, str]
 
 CONNECT_ERROR = "connect"
 
@@ -45,6 +51,9 @@ class RequestRecord:
     error_kind: str | None = None
     error: str | None = None
     timed_out: bool = False
+    history: str = "workload"                # whose assistant messages the prompt carried: workload | live
+    history_fallbacks: int = 0               # live: earlier turns that failed, their workload text sent instead
+    reply: str | None = None                 # the generated text as streamed (None: nothing arrived)
 
     @property
     def ok(self) -> bool:
@@ -66,8 +75,10 @@ class ClientOptions:
     extra_body: tuple[tuple[str, Any], ...] = ()
 
 
-def request_body(model: str, conv: Conversation, k: int, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
-    """(endpoint path, JSON body) for turn ``k``: completions with token ids, else chat."""
+def request_body(model: str, conv: Conversation, k: int, opts: ClientOptions,
+                 messages: list[Message] | None = None) -> tuple[str, dict[str, Any]]:
+    """(endpoint path, JSON body) for turn ``k``: completions with token ids, else chat with
+    ``messages`` (default: the workload's history, ``Conversation.chat_messages``)."""
     turn = conv.turns[k]
     body: dict[str, Any] = {"model": model, "max_tokens": turn.max_tokens, "temperature": 0.0,
                             "stream": True, "stream_options": {"include_usage": True}}
@@ -77,7 +88,7 @@ def request_body(model: str, conv: Conversation, k: int, opts: ClientOptions) ->
     if turn.prompt_token_ids is not None:
         body["prompt"] = turn.prompt_token_ids
         return "/v1/completions", body
-    body["messages"] = conv.chat_messages(k)
+    body["messages"] = messages if messages is not None else conv.chat_messages(k)
     return "/v1/chat/completions", body
 
 
@@ -88,15 +99,20 @@ def make_http_client(base_url: str, opts: ClientOptions) -> httpx.AsyncClient:
     return httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits)
 
 
-def _chunk_text(chunk: dict[str, Any]) -> tuple[bool, bool]:
-    """(has_choice, has_text) for one streamed chunk."""
+def _chunk_text(chunk: dict[str, Any]) -> tuple[bool, bool, str]:
+    """(has_choice, has_text, reply text) for one streamed chunk; reasoning counts as text for
+    the clock but is not part of the reply."""
     choices = chunk.get("choices") or []
     has_text = False
+    text = ""
     for ch in choices:
         delta = ch.get("delta") or {}
         if ch.get("text") or delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning"):
             has_text = True
-    return bool(choices), has_text
+        piece = ch.get("text") if "text" in ch else delta.get("content")
+        if isinstance(piece, str):
+            text += piece
+    return bool(choices), has_text, text
 
 
 def _apply_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
@@ -108,12 +124,16 @@ def _apply_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
 
 
 async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k: int,
-                    opts: ClientOptions, run_t0: float) -> RequestRecord:
-    """Send turn ``k`` of ``conv`` and stream the answer. Never raises (except cancellation)."""
-    path, body = request_body(model, conv, k, opts)
+                    opts: ClientOptions, run_t0: float, messages: list[Message] | None = None,
+                    history: str = "workload", history_fallbacks: int = 0) -> RequestRecord:
+    """Send turn ``k`` of ``conv`` (with ``messages`` when given, see ``request_body``) and stream
+    the answer. Never raises (except cancellation)."""
+    path, body = request_body(model, conv, k, opts, messages)
     rec = RequestRecord(conversation_id=conv.id, turn=k, api="completions" if "prompt" in body else "chat",
                         start_s=0.0, max_tokens=body.get("max_tokens"), workload_max_tokens=conv.turns[k].max_tokens,
-                        overrides=sorted(name for name, _ in opts.extra_body))
+                        overrides=sorted(name for name, _ in opts.extra_body), history=history,
+                        history_fallbacks=history_fallbacks)
+    pieces: list[str] = []
     request = client.build_request("POST", path, content=json.dumps(body).encode(),
                                    headers={"content-type": "application/json"})
     t0 = time.perf_counter()
@@ -147,7 +167,9 @@ async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k
                         rec.error_kind = "stream_error"
                         rec.error = str(err.get("message", err) if isinstance(err, dict) else err)[:300]
                         return rec
-                    has_choice, has_text = _chunk_text(chunk)
+                    has_choice, has_text, piece = _chunk_text(chunk)
+                    if piece:
+                        pieces.append(piece)
                     if has_choice and first_choice is None:
                         first_choice = now
                     if has_text:
@@ -160,6 +182,8 @@ async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k
                         _apply_usage(rec, chunk["usage"])
             finally:
                 await resp.aclose()
+                if pieces:
+                    rec.reply = "".join(pieces)
         end = time.perf_counter()
         if not done:
             rec.error_kind, rec.error = "incomplete", "stream ended without [DONE]"

@@ -267,8 +267,11 @@ def run_compare(workload_path: str | Path, specs: Sequence[ServerSpec], out_dir:
         notes=[f"workload: `{workload_path}` ({len(convs)} conversations)",
                f"replay: mode {replay_options.mode}, concurrency {replay_options.concurrency}, "
                f"rate {replay_options.rate}, max_requests {replay_options.max_requests}, "
-               f"duration {replay_options.duration_s}",
-               "every configuration ran on a fresh server and received identical prompts"])
+               f"duration {replay_options.duration_s}, history {replay_options.history}",
+               "every configuration ran on a fresh server and received identical prompts"
+               if replay_options.history == "workload" else
+               "every configuration ran on a fresh server; live history: each turn carried the replies that "
+               "configuration's server streamed for the conversation's earlier turns (same user messages)"])
     return result
 
 

@@ -2,8 +2,10 @@
 
 Ordering contract: within a conversation, turn k+1 is sent only after turn k finished
 (successfully or not) plus ``think_time_s * think_time_scale``; in trace mode also not
-before the turn's ``arrival_s``. Prompts carry the *workload's* assistant history, so every
-server configuration sees identical prompts. Conversations interleave freely.
+before the turn's ``arrival_s``. Conversations interleave freely. ``history`` decides whose
+assistant messages a prompt carries (``kvtier.bench.history``): ``workload`` (default) the
+workload's text, so every server configuration sees identical prompts; ``live`` the replies this
+server streamed for the conversation's earlier turns, as a real chat client does.
 
 Load modes:
 - closed: ``concurrency`` users; each takes the next conversation when its last one ended.
@@ -31,6 +33,7 @@ import httpx
 
 from kvtier.bench.client import (CONNECT_ERROR, ClientOptions, RequestRecord, discover_model, make_http_client,
                                  send_turn)
+from kvtier.bench.history import HISTORY_MODES, HistoryError, HistoryMode, check_history, live_messages, live_reply
 from kvtier.bench.server_metrics import scrape_all, server_delta
 from kvtier.bench.summary import summarize
 from kvtier.workload.format import Conversation, WorkloadError, iter_conversations, read_header
@@ -62,10 +65,13 @@ class ReplayOptions:
     client: ClientOptions = field(default_factory=ClientOptions)
     progress: bool = True
     windows: int = 10                         # hit-rate-over-time windows
+    history: HistoryMode = "workload"         # assistant messages: the workload's text, or the model's replies
 
     def validate(self) -> None:
         if self.mode not in ("closed", "open", "trace"):
             raise ReplayError(f"unknown mode {self.mode!r} (closed, open or trace)")
+        if self.history not in HISTORY_MODES:
+            raise ReplayError(f"unknown history {self.history!r} (live or workload)")
         if self.mode == "closed" and self.concurrency < 1:
             raise ReplayError("closed loop needs concurrency >= 1")
         if self.mode == "open" and not (self.rate and self.rate > 0):
@@ -132,6 +138,7 @@ class _Run:
 
     async def play(self, conv: Conversation, start_at: float | None) -> None:
         prev_end: float | None = None
+        replies: list[str | None] = []        # live history: what the model answered each earlier turn
         for k, turn in enumerate(conv.turns):
             target = start_at if k == 0 and start_at is not None else self.now()
             if prev_end is not None:
@@ -143,7 +150,13 @@ class _Run:
             self.issued += 1
             if k == 0:
                 self.conversations_started += 1
-            rec = await send_turn(self.client, self.model, conv, k, self.opts.client, self.t0)
+            if self.opts.history == "live":
+                msgs, fallbacks = live_messages(conv, k, replies)
+                rec = await send_turn(self.client, self.model, conv, k, self.opts.client, self.t0, msgs,
+                                      history="live", history_fallbacks=fallbacks)
+                replies.append(live_reply(rec))
+            else:
+                rec = await send_turn(self.client, self.model, conv, k, self.opts.client, self.t0)
             prev_end = self.now()
             self.records.append(rec)
             self.on_record(rec)
@@ -177,6 +190,10 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
                                progress: Callable[[RequestRecord], None] | None = None) -> ReplayResult:
     """Replay already-loaded conversations against ``url`` (the server root)."""
     opts.validate()
+    try:
+        check_history(opts.history, convs)
+    except HistoryError as e:
+        raise ReplayError(str(e)) from None
     convs = _rotate(convs, opts.conversation_offset)
     metrics_urls = [opts.metrics_url or f"{url.rstrip('/')}/metrics", *opts.extra_metrics_urls]
     async with make_http_client(url, opts.client) as client:
@@ -239,7 +256,9 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
         after = await scrape_all(client, metrics_urls, tuple(opts.extra_metrics_urls))
     reason = run.stopped_reason or "workload exhausted"
     server = server_delta(before, after)
-    extra = {"mode": opts.mode, "concurrency": opts.concurrency if opts.mode == "closed" else None,
+    extra = {"mode": opts.mode, "history": opts.history,
+             "requests_with_history_fallback": sum(r.history_fallbacks > 0 for r in run.records),
+             "concurrency": opts.concurrency if opts.mode == "closed" else None,
              "rate": opts.rate if opts.mode == "open" else None, "url": url, "model": model,
              "stopped_reason": reason, "requests_cancelled": cancelled,
              "conversations_started": run.conversations_started, "server": server}

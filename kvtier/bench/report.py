@@ -162,6 +162,7 @@ def render_report(runs: Sequence[RunView], out_dir: str | Path, *, title: str = 
             _pct(s.get("token_hit_rate")), _pct(s.get("token_hit_rate_last_half")),
             _pct((s.get("server") or {}).get("prefix_cache_hit_rate"))]) + " |")
     lines += ["", "Speedup = baseline (first configuration) latency / this configuration's latency.", ""]
+    lines += _work_table(runs)
     lines += _turn_table(runs)
     lines += _bucket_table(runs)
     slo_runs = [r for r in runs if r.slo is not None]
@@ -196,11 +197,28 @@ def _turn_table(runs: Sequence[RunView]) -> list[str]:
     return lines + [""]
 
 
+def _work_table(runs: Sequence[RunView]) -> list[str]:
+    """Throughput and the compute saved: output tokens/s, prompt tokens really prefilled per request."""
+    lines = ["## Throughput and compute", "", "| configuration | history | output tokens/s | prompt tokens / request "
+             "| computed (prompt − cached) / request | TTFT p10–p90 (s) |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        s = r.summary or {}
+        if not s:
+            continue
+        ok = s.get("requests_ok") or 0
+        per = (s.get("prompt_tokens_total") or 0) / ok if ok else None
+        lines.append(f"| {r.name} | {s.get('history', 'workload')} | {_f(s.get('output_tokens_per_s'), 2)} "
+                     f"| {_f(per, 0)} | {_f(s.get('computed_tokens_per_request'), 0)} "
+                     f"| {_f(s.get('ttft_p10_s'))}–{_f(s.get('ttft_p90_s'))} |")
+    return lines + [""]
+
+
 def _bucket_table(runs: Sequence[RunView]) -> list[str]:
-    lines = ["## By prompt length (tokens)", "", "| configuration | bucket | requests | TTFT mean (s) | p90 | token hit rate |",
-             "|---|---|---|---|---|---|"]
+    lines = ["## By prompt length (tokens)", "", "| configuration | bucket | requests | TTFT mean (s) | p10 | p90 "
+             "| spread p90−p10 (s) | computed / request | token hit rate |", "|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         for label, g in ((r.summary or {}).get("by_prompt_length") or {}).items():
-            lines.append(f"| {r.name} | {label} | {g['requests']} | {_f(g['ttft_mean_s'])} | {_f(g['ttft_p90_s'])} "
-                         f"| {_pct(g['token_hit_rate'])} |")
+            lines.append(f"| {r.name} | {label} | {g['requests']} | {_f(g['ttft_mean_s'])} | {_f(g.get('ttft_p10_s'))} "
+                         f"| {_f(g['ttft_p90_s'])} | {_f(g.get('ttft_spread_s'))} "
+                         f"| {_f(g.get('computed_tokens_per_request'), 0)} | {_pct(g['token_hit_rate'])} |")
     return lines + [""]

@@ -3,6 +3,11 @@
 ``summarize`` is a pure function of the records (plus run metadata); every key is a number,
 ``None`` (not measurable: no successful request, or the server reports no cached tokens),
 or a nested dict/list of such. Latency statistics use successful requests only.
+
+Compute saved: ``computed_tokens_per_request`` is the mean of prompt - cached tokens (the prompt
+tokens the engine actually prefilled) over successful requests that report cached tokens.
+TTFT spread: every group (turn groups, prompt-length buckets) has p10 and p90 of TTFT and their
+difference ``ttft_spread_s`` (the interdecile range: how uneven latency is within the group).
 """
 
 from __future__ import annotations
@@ -45,9 +50,26 @@ def bucket_label(lo: int, hi: int | None) -> str:
     return f"{k(lo)}+" if hi is None else f"{k(lo)}-{k(hi)}"
 
 
+def computed_tokens_per_request(records: Iterable[RequestRecord]) -> float | None:
+    """Mean prompt - cached tokens over successful requests that report both (None: none do)."""
+    vals = [r.prompt_tokens - r.cached_tokens for r in records
+            if r.ok and r.cached_tokens is not None and r.prompt_tokens is not None]
+    return float(np.mean(vals)) if vals else None
+
+
+def spread_stats(values: Sequence[float], prefix: str) -> dict[str, float | None]:
+    """p10, and the p90 - p10 spread, of ``values`` (None when empty)."""
+    if not values:
+        return {f"{prefix}_p10_s": None, f"{prefix}_spread_s": None}
+    p10, p90 = (float(x) for x in np.percentile(np.asarray(values, dtype=float), [10, 90]))
+    return {f"{prefix}_p10_s": p10, f"{prefix}_spread_s": p90 - p10}
+
+
 def _group_stats(rs: list[RequestRecord]) -> dict[str, Any]:
     ok = [r for r in rs if r.ok]
-    return {"requests": len(ok), **latency_stats([r.ttft_s for r in ok], "ttft"), "token_hit_rate": token_hit_rate(ok)}
+    ttft = [r.ttft_s for r in ok]
+    return {"requests": len(ok), **latency_stats(ttft, "ttft"), **spread_stats(ttft, "ttft"),
+            "token_hit_rate": token_hit_rate(ok), "computed_tokens_per_request": computed_tokens_per_request(ok)}
 
 
 def hit_rate_windows(records: Sequence[RequestRecord], window_s: float) -> list[dict[str, Any]]:
@@ -80,8 +102,11 @@ def summarize(records: Sequence[RequestRecord], *, duration_s: float, windows: i
         "prompt_tokens_total": sum(r.prompt_tokens or 0 for r in ok),
         "cached_tokens_total": sum(r.cached_tokens or 0 for r in ok),
         "cached_tokens_reported": any(r.cached_tokens is not None for r in ok),
+        "output_tokens_total": sum(r.output_tokens or 0 for r in ok),
+        "computed_tokens_per_request": computed_tokens_per_request(ok),
     }
     out.update(latency_stats([r.ttft_s for r in ok], "ttft"))
+    out.update(spread_stats([r.ttft_s for r in ok], "ttft"))
     out.update(latency_stats([r.e2e_s for r in ok], "e2e"))
     out.update(latency_stats([x for r in ok for x in r.itl_s], "itl"))
     out["token_hit_rate"] = token_hit_rate(ok)

@@ -16,6 +16,9 @@ console = Console()
 err_console = Console(stderr=True)
 
 MODES = ("closed", "open", "trace")
+HISTORY_HELP = ("Assistant messages in each prompt: 'workload' (the workload's text: identical prompts for "
+                "every server) or 'live' (the model's own streamed replies to the earlier turns, as a real chat "
+                "client sends; text turns only).")
 
 
 def _fail(msg: str, code: int = 1) -> None:
@@ -26,13 +29,15 @@ def _fail(msg: str, code: int = 1) -> None:
 def _replay_options(mode: str, concurrency: int, rate: Optional[float], time_scale: float,
                     think_time_scale: float, max_requests: Optional[int], duration: Optional[float], seed: int,
                     model: Optional[str], skip_bad_lines: bool, stop_on_connect_error: bool,
-                    request_timeout: float, ignore_eos: bool, progress: bool):
+                    request_timeout: float, ignore_eos: bool, progress: bool, history: str = "workload"):
     from kvtier.bench.client import ClientOptions
     from kvtier.bench.replay import ReplayError, ReplayOptions
 
     if mode not in MODES:
         raise typer.BadParameter(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
-    opts = ReplayOptions(mode=mode, concurrency=concurrency, rate=rate, time_scale=time_scale,
+    if history not in ("live", "workload"):
+        raise typer.BadParameter(f"--history must be live or workload, got {history!r}")
+    opts = ReplayOptions(mode=mode, history=history, concurrency=concurrency, rate=rate, time_scale=time_scale,
                          think_time_scale=think_time_scale, max_requests=max_requests, duration_s=duration,
                          seed=seed, model=model, skip_bad_lines=skip_bad_lines,
                          stop_on_connect_error=stop_on_connect_error, progress=progress,
@@ -59,6 +64,9 @@ def print_summary(summary: dict[str, Any], title: str = "replay") -> None:
     t.add_row("requests ok / failed", f"{summary['requests_ok']} / {summary['requests_failed']}"
               + (f"  {summary['errors_by_kind']}" if summary["errors_by_kind"] else ""))
     t.add_row("stopped", str(summary.get("stopped_reason")))
+    t.add_row("history", str(summary.get("history", "workload"))
+              + (f" ({summary['requests_with_history_fallback']} requests carried a failed turn's workload text)"
+                 if summary.get("requests_with_history_fallback") else ""))
     t.add_row("duration (s)", _s(summary["duration_s"]))
     t.add_row("TTFT mean / p50 / p90 / p99 / max (s)", " / ".join(
         _s(summary[f"ttft_{k}_s"]) for k in ("mean", "p50", "p90", "p99", "max")))
@@ -93,17 +101,19 @@ def run(
     request_timeout: float = typer.Option(300.0, "--request-timeout", help="Per-request timeout (s)."),
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Decode exactly max_tokens (vLLM)."),
     progress: bool = typer.Option(True, "--progress/--no-progress"),
+    history: str = typer.Option("workload", "--history", help=HISTORY_HELP),
 ) -> None:
     """Replay WORKLOAD against a running OpenAI-compatible server and summarize latency and hit rate."""
     from kvtier.bench.replay import ReplayError, run_replay
 
     opts = _replay_options(mode, concurrency, rate, time_scale, think_time_scale, max_requests, duration, seed,
-                           model, skip_bad_lines, stop_on_connect_error, request_timeout, ignore_eos, progress)
+                           model, skip_bad_lines, stop_on_connect_error, request_timeout, ignore_eos, progress,
+                           history)
     try:
         result = run_replay(workload, url, opts, out, json_path)
     except ReplayError as e:
         _fail(str(e))
-    print_summary(result.summary, f"replay of {workload.name} ({mode})")
+    print_summary(result.summary, f"replay of {workload.name} ({mode}, {history} history)")
     console.print(f"records: {result.records_path}\nsummary: {result.summary_path}")
 
 
@@ -123,6 +133,7 @@ def slo(
     out: Path = typer.Option(Path("bench-slo"), "--out"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the SLO result JSON here."),
     request_timeout: float = typer.Option(300.0, "--request-timeout"),
+    history: str = typer.Option("workload", "--history", help=HISTORY_HELP),
 ) -> None:
     """Find the largest load whose latency statistic stays within the SLO (doubling, then bisection)."""
     from kvtier.bench.replay import ReplayError, load_conversations, write_json
@@ -132,7 +143,7 @@ def slo(
     if mode not in ("closed", "open"):
         raise typer.BadParameter("--mode must be closed or open for an SLO search")
     opts = _replay_options(mode, 1, start if mode == "open" else None, 1.0, think_time_scale, None, None, 0, model,
-                           False, True, request_timeout, True, False)
+                           False, True, request_timeout, True, False, history)
     sopts = SloOptions(slo_s=slo_s, statistic=statistic, start=start, max_load=max_load, repeats=repeats,
                        requests_per_point=requests_per_point)
     try:
@@ -183,6 +194,7 @@ def compare(
     ready_timeout: float = typer.Option(240.0, "--ready-timeout", help="Seconds to wait for each server."),
     request_timeout: float = typer.Option(300.0, "--request-timeout"),
     dtype: str = dtype_option(),
+    history: str = typer.Option("workload", "--history", help=HISTORY_HELP),
 ) -> None:
     """Run WORKLOAD against each configuration on a fresh vLLM server; write a report with plots."""
     from kvtier.bench.compare import load_compare_specs, run_compare
@@ -191,7 +203,7 @@ def compare(
     from kvtier.config import ConfigError
 
     opts = _replay_options(mode, concurrency, rate, time_scale, think_time_scale, max_requests, duration, seed,
-                           None, False, True, request_timeout, True, True)
+                           None, False, True, request_timeout, True, True, history)
     if dtype.strip().lower() != "auto":
         dtype = resolve_cli_dtype(dtype, say=False).dtype   # validated; each server says its choice at start
     try:

@@ -20,6 +20,10 @@ _CONVS = typer.Option(None, "--conversations", min=1, max=1000,
                       help="Conversations in the generated workload (default: sized to this machine).")
 _MINUTES = typer.Option(None, "--minutes", min=0.5, max=600.0,
                         help="Wall time to size the workload for (default 15; --quick 6).")
+_HISTORY = typer.Option("live", "--history", help="live: each turn carries the model's own earlier replies (as a "
+                        "real chat client); workload: the workload's text (identical prompts for every server).")
+_LIGHT = typer.Option(None, "--light-users", min=0, max=64, help="Also run the three configurations at this lighter "
+                      "load (default 6; none with --quick; 0: none).")
 _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
                                                         "on this machine instead of measuring.")
 
@@ -53,20 +57,24 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, 
 
 
 def _options(quick: bool, minutes: float | None, calibration: Path | None, users: int | None = None,
-             conversations: int | None = None):
+             conversations: int | None = None, history: str = "live", light_users: int | None = None):
     from kvtier.demo.common import DemoOptions
 
+    if history not in ("live", "workload"):
+        raise typer.BadParameter(f"--history must be live or workload, got {history!r}")
     return DemoOptions(quick=quick, users=users, conversations=conversations,
-                       target_s=minutes * 60 if minutes is not None else None, calibration=calibration)
+                       target_s=minutes * 60 if minutes is not None else None, calibration=calibration,
+                       history=history, light_users=light_users)
 
 
 @demo_app.callback()
 def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
               users: int = _USERS, conversations: int = _CONVS, dtype: str = dtype_option(), minutes: float = _MINUTES,
-              calibration: Path = _CALIBRATION) -> None:
+              calibration: Path = _CALIBRATION, history: str = _HISTORY, light_users: int = _LIGHT) -> None:
     """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo)."""
     if ctx.invoked_subcommand is None:
-        _run("companion", out, json_path, _options(quick, minutes, calibration, users, conversations), dtype)
+        _run("companion", out, json_path, _options(quick, minutes, calibration, users, conversations, history,
+                                                   light_users), dtype)
 
 
 @demo_app.command()

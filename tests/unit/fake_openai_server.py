@@ -7,7 +7,8 @@ delay and a first-token delay that grows with the number of in-flight requests. 
 tokens are whitespace words (chat) or the given ids (completions); ``cached_tokens`` is
 the longest prefix already seen in an earlier prompt, like an unbounded prefix cache.
 A last user message containing ``FAIL500`` gets HTTP 500; ``DISCONNECT`` drops the connection
-after the first content chunk.
+after the first content chunk. With ``tagged_replies`` every generated piece names the request
+(``r<request number>t<i> ``), so a test can tell whose reply a later prompt carries.
 
 In tests: ``with FakeOpenAIServer.start(FakeBehavior(...)) as srv: srv.url``.
 As a script (launcher tests): ``python fake_openai_server.py --port P [--first-token-delay S]``.
@@ -40,6 +41,7 @@ class FakeBehavior:
     report_cached_tokens: bool = True
     fail_marker: str = "FAIL500"
     disconnect_marker: str = "DISCONNECT"
+    tagged_replies: bool = False
 
 
 @dataclass
@@ -128,6 +130,10 @@ def build_app(state: FakeState) -> Starlette:
         chat = "messages" in body
         n_out = int(body.get("max_tokens", 16))
         cid, created = f"fake-{len(state.requests)}", int(time.time())
+        number = len(state.requests)
+
+        def piece(i: int) -> str:
+            return f"r{number}t{i} " if b.tagged_replies else f"tok{i} "
 
         def chunk(delta_text: str | None, role: bool = False, finish: str | None = None) -> str:
             if chat:
@@ -147,13 +153,13 @@ def build_app(state: FakeState) -> Starlette:
                 state.ttft_count += 1
                 if chat:
                     yield chunk(None, role=True)
-                yield chunk("tok0 ")
+                yield chunk(piece(0))
                 if b.disconnect_marker and b.disconnect_marker in text:
                     raise ConnectionAbortedError("injected disconnect")
                 for i in range(1, n_out):
                     if b.token_delay_s:
                         await asyncio.sleep(b.token_delay_s)
-                    yield chunk(f"tok{i} ")
+                    yield chunk(piece(i))
                 yield chunk(None, finish="length")
                 usage: dict[str, Any] = {"prompt_tokens": len(tokens), "completion_tokens": n_out,
                                          "total_tokens": len(tokens) + n_out}

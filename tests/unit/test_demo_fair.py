@@ -74,7 +74,8 @@ def test_demo_with_a_slow_server_is_partial_and_compares_the_same_requests(tmp_p
                                think_time_scale=0.0)
     facts = ModelFacts(path=Path("/nonexistent"), kv_bytes_per_token=36_864, max_model_len=8192, dtype="float32")
     started: list[str] = []
-    figures = companion.run(base, tmp_path, facts, DemoOptions(quick=True, users=2, conversations=4),
+    figures = companion.run(base, tmp_path, facts, DemoOptions(quick=True, users=2, conversations=4,
+                                                               history="workload"),
                             calibration=fast, tokenizer=WordTokenizer(),
                             start_server=_fake_start({"vanilla": 0.5, "kvtier-ram": 0.0, "kvtier-ram-ssd": 0.0},
                                                      started))

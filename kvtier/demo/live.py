@@ -1,0 +1,97 @@
+"""The companion demo's history modes, its per-configuration work figures and its second load point.
+
+* ``live`` history (the default; ``kvtier.bench.history``): every turn carries the replies the
+  model streamed for the conversation's earlier turns. Each reply is generated at the workload
+  reply's own length (the turn's ``max_tokens``, with ``ignore_eos``), so the live prompts keep the
+  workload's shape and the capacities sized from it keep their share of the working set; the
+  engine's context leaves room for the longest reply the generator can write
+  (``REPLY_CAP_FACTOR`` x the median). ``workload`` history is the earlier experiment: the
+  workload's text, identical prompts, ``size.max_tokens`` generated per request.
+* The live ideal hit rate comes from the prompts each configuration actually sent
+  (``kvtier.bench.live_ideal``), restricted to the compared requests.
+* ``light_sizing``: the same experiment (same token-length and think-time scales) at a lighter
+  load (``users``), with as many conversations per user as the main run where the time left allows
+  (at least one per user), so the load-dependence of the ratios stays visible.
+Side-effect free, except ``light_sizing`` which generates workloads in memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from kvtier.bench.client import ClientOptions
+from kvtier.bench.live_ideal import SentIdeal, sent_ideal
+from kvtier.bench.replay import ReplayOptions
+from kvtier.demo.calibrate import Calibration
+from kvtier.demo.sizing import Sizing, WorkloadFacts, estimate, scaled
+
+#: the companion generator caps a reply at 5x the median assistant length (``kvtier.workload.companion``)
+REPLY_CAP_FACTOR = 5
+#: the lighter load point's users (the earlier reference runs measured 6 and 8 users)
+LIGHT_USERS = 6
+#: share of the demo's target wall time the main (default-load) run is sized for when the light point runs
+MAIN_SHARE = 0.62
+
+
+def engine_size(size: Any, history: str) -> Any:
+    """``size`` with ``max_tokens`` = what the engine must allow to be generated per request."""
+    if history != "live":
+        return size
+    return dataclasses.replace(size, max_tokens=max(size.max_tokens, REPLY_CAP_FACTOR * size.assistant_tokens))
+
+
+def replay_options(size: Any, history: str, bound_s: float) -> ReplayOptions:
+    """Closed loop at ``size.concurrency``; workload history overrides max_tokens, live keeps each turn's own."""
+    extra = () if history == "live" else (("max_tokens", size.max_tokens),)
+    return ReplayOptions(mode="closed", concurrency=size.concurrency, duration_s=bound_s, history=history,
+                         think_time_scale=size.think_time_scale, seed=size.seed,
+                         client=ClientOptions(extra_body=extra))
+
+
+def sent_ideals(runs: Sequence[Any], convs: Sequence[Any], tokenizer: Any, block_size: int,
+                keys: set | None) -> dict[str, SentIdeal]:
+    """Per configuration: the ideal of the prompts it sent (only ``keys`` counted when given)."""
+    from kvtier.demo.fair import request_key
+
+    out = {}
+    for r in runs:
+        if not r.records:
+            continue
+        counted = [x for x in r.records if keys is None or request_key(x) in keys]
+        out[r.name] = sent_ideal(convs, r.records, tokenizer, block_size, counted=counted)
+    return out
+
+
+def work_figures(summary: dict[str, Any] | None) -> dict[str, Any]:
+    """Throughput, compute saved and TTFT spread of one configuration (from its summary)."""
+    s = summary or {}
+    ok = s.get("requests_ok") or 0
+    return {
+        "output_tokens_per_s": s.get("output_tokens_per_s"),
+        "prompt_tokens_per_request": (s.get("prompt_tokens_total") or 0) / ok if ok else None,
+        "computed_tokens_per_request": s.get("computed_tokens_per_request"),
+        "ttft_p10_s": s.get("ttft_p10_s"), "ttft_p90_s": s.get("ttft_p90_s"), "ttft_spread_s": s.get("ttft_spread_s"),
+        "by_prompt_length": {label: {k: g.get(k) for k in ("requests", "ttft_mean_s", "ttft_p10_s", "ttft_p90_s",
+                                                            "ttft_spread_s", "computed_tokens_per_request")}
+                             for label, g in (s.get("by_prompt_length") or {}).items()},
+    }
+
+
+def light_sizing(base: Any, main: Sizing, cal: Calibration, facts_of: Callable[[Any], WorkloadFacts],
+                 users: int, budget_s: float) -> Sizing:
+    """The main run's scales at ``users`` users, conversations chosen for ``budget_s`` (3 server starts
+    and 3 replays; see the module docstring). Never fewer conversations than users."""
+    per_user = max(1.0, main.size.conversations / max(1, main.size.concurrency))
+    c = max(users, round(users * per_user))
+    while True:
+        size = dataclasses.replace(scaled(base, main.length_scale, main.think_scale, c), concurrency=users,
+                                   max_tokens=main.size.max_tokens)
+        facts = facts_of(size)
+        total, per = estimate(cal.profile, cal.startup_s, size, facts)
+        own = total - cal.profile.elapsed_s - cal.startup_s          # no calibration, 3 starts
+        if own <= budget_s or c <= users:
+            return Sizing(size=size, length_scale=main.length_scale, think_scale=main.think_scale, estimate_s=own,
+                          per_config_s=per, facts=facts, target_s=budget_s, over_target=own > 1.1 * budget_s,
+                          overridden=("users",))
+        c -= 1
