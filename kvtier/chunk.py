@@ -27,6 +27,12 @@ are what some writer wrote; the MAC proves that writer held the secret.
 Parsing is a fixed binary layout (``struct``) only: nothing here (or in any tier) uses pickle,
 ``eval`` or any deserializer that can run code; sizes from a header are checked against the
 blob/file size before anything is allocated from them.
+
+**Bounded reads.** No reader allocates from a size it did not check: a file or value larger than
+the namespace's read limit (``store.max_chunk_bytes``, registered by the store with
+``register_read_limit``; ``DEFAULT_MAX_CHUNK_BYTES`` otherwise) is refused before a byte is
+allocated for it (``ChunkError("too_large")``, a counted miss), and batched reads never allocate
+more than the caller's buffer (plus header and trailer) either.
 """
 
 from __future__ import annotations
@@ -52,9 +58,11 @@ _ZERO_KEY = bytes(KEY_BYTES)
 FLAG_MAC = 1                      # trailer holds a keyed BLAKE3 MAC, not the xxh3 checksum
 _NS_OFFSET = 12                   # the namespace digest's offset in the header struct
 MIN_MAC_KEY = 16
+DEFAULT_MAX_CHUNK_BYTES = 2**30   # read limit of a namespace no store registered a limit for
 
 _mac_keys: dict[bytes, bytes] = {}
 _mac_lock = threading.Lock()
+_read_limits: dict[bytes, int] = {}
 
 
 class Hasher(Protocol):
@@ -104,6 +112,31 @@ def register_mac_key(namespace_digest: bytes, secret: bytes | None) -> None:
 
 def mac_key_for(namespace_digest: bytes) -> bytes | None:
     return _mac_keys.get(namespace_digest)
+
+
+def register_read_limit(namespace_digest: bytes, limit: int | None) -> None:
+    """Readers of ``namespace_digest`` in this process refuse chunks (header + payload + trailer)
+    larger than ``limit`` bytes before allocating anything for them (None: back to the default)."""
+    if limit is None:
+        _read_limits.pop(namespace_digest, None)
+        return
+    if limit < HEADER_SIZE + TRAILER_SIZE:
+        raise ValueError(f"read limit {limit} is smaller than an empty chunk")
+    _read_limits[namespace_digest] = int(limit)
+
+
+def read_limit(namespace_digest: bytes) -> int:
+    """Largest encoded chunk a reader of this namespace accepts (side-effect free)."""
+    return _read_limits.get(namespace_digest, DEFAULT_MAX_CHUNK_BYTES)
+
+
+def check_read_size(namespace_digest: bytes, size: int) -> None:
+    """Raise ``ChunkError("too_large")`` when an encoded chunk of ``size`` bytes (a file's or a
+    value's size, not yet read) exceeds the namespace's read limit."""
+    limit = read_limit(namespace_digest)
+    if size > limit:
+        raise ChunkError("too_large", f"chunk of {size} B exceeds the read limit of {limit} B "
+                         "(store.max_chunk_bytes)")
 
 
 def _header_ns_flags(header: bytes | memoryview) -> tuple[bytes, int]:
@@ -257,6 +290,8 @@ def decode(namespace_digest: bytes | None, data: bytes | memoryview,
            expect_key: bytes | None = None) -> tuple[ChunkMeta, memoryview]:
     """Verify a whole chunk blob; returns its meta and a view of the payload."""
     view = memoryview(data)
+    if namespace_digest is not None:
+        check_read_size(namespace_digest, len(view))
     meta = decode_header(view[:HEADER_SIZE], namespace_digest, expect_key)
     if len(view) != file_size(meta.payload_len):
         raise ChunkError("torn", f"chunk is {len(view)} bytes, header says {file_size(meta.payload_len)}")

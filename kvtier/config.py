@@ -226,11 +226,22 @@ class StoreConfig(_Section):
                                         "injected latency, errors, corruption and stalls; none by default")
     deployment: str = Field(default="", max_length=128, description="deployment-wide namespace prefix: deployments "
                             "sharing one backend with different values never read each other's chunks")
+    max_chunk_bytes: ByteSize | None = Field(default=None, description="largest chunk (4 KiB header + payload + "
+                                             "trailer) any tier's reader accepts; a larger file or value is a "
+                                             "counted miss (too_large) and nothing is allocated for it. None: 1 MiB "
+                                             "per token of chunk_size, at least 64 MiB (above any dense model's KV "
+                                             "per token)")
     signing_key: SecretStr | None = Field(default=None, description="deployment secret (>= 16 bytes): every chunk "
                                           "is signed with a keyed BLAKE3 MAC and unsigned or wrongly signed chunks "
                                           "are misses; never logged")
     signing_key_file: Path | None = Field(default=None, description="read the signing secret from this file "
                                           "instead (must not be readable by group or others)")
+
+    def read_limit(self) -> int:
+        """``max_chunk_bytes`` or its default (side-effect free)."""
+        if self.max_chunk_bytes is not None:
+            return self.max_chunk_bytes
+        return max(64, self.chunk_size) * 2**20 + 8192     # + room for the 4 KiB header and the trailer
 
     @model_validator(mode="after")
     def _one_signing_source(self) -> "StoreConfig":
@@ -238,6 +249,8 @@ class StoreConfig(_Section):
             raise ValueError("set store.signing_key or store.signing_key_file, not both")
         if self.signing_key is not None and len(self.signing_key.get_secret_value().encode()) < 16:
             raise ValueError("store.signing_key must be at least 16 bytes")
+        if self.max_chunk_bytes is not None and self.max_chunk_bytes < 8192:
+            raise ValueError("store.max_chunk_bytes must be at least 8KiB (a chunk's header alone is 4 KiB)")
         return self
 
 

@@ -99,10 +99,11 @@ class TieredStore:
     def open(cls, config: StoreConfig, namespace: Namespace) -> "TieredStore":
         if config.chunk_size != namespace.chunk_size:
             raise ValueError(f"store.chunk_size {config.chunk_size} != namespace.chunk_size {namespace.chunk_size}")
-        from kvtier.chunk import register_mac_key
+        from kvtier.chunk import register_mac_key, register_read_limit
         from kvtier.security import signing_secret
 
         register_mac_key(namespace.digest(), signing_secret(config))   # None: this namespace is not signed
+        register_read_limit(namespace.digest(), config.read_limit())   # no reader allocates past it
         tm = Telemetry()
         return cls.from_tiers(config, namespace, open_tiers(config, namespace, tm), tm)
 

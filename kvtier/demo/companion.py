@@ -39,7 +39,8 @@ from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, Model
 from kvtier.demo.fair import SameRequests, same_requests
 from kvtier.demo.live import (LIGHT_USERS, MAIN_SHARE, engine_size, light_sizing, replay_options, sent_ideals,
                               work_figures)
-from kvtier.demo.sizing import Sizing, WorkloadFacts, engine_kv_tokens, max_model_len, size_companion
+from kvtier.demo.sizing import (Sizing, WorkloadFacts, conversation_facts, engine_kv_tokens, max_model_len,
+                                size_companion)
 
 
 @dataclass(frozen=True)
@@ -109,11 +110,13 @@ def generate(size: CompanionDemoSize, tokenizer) -> tuple[Any, list, Any, Worklo
     from kvtier.workload.stats import workload_stats
 
     header, convs = generate_companion(_spec(size))
-    stats = workload_stats(Workload(header=header, conversations=convs), tokenizer, block_size=DEMO_CHUNK_TOKENS)
+    workload = Workload(header=header, conversations=convs)
+    stats = workload_stats(workload, tokenizer, block_size=DEMO_CHUNK_TOKENS)
     facts = WorkloadFacts(requests=stats.requests, prompt_tokens=stats.total_prompt_tokens,
                           ideal_hit_tokens=stats.ideal_hit_tokens,
                           think_s=sum(t.think_time_s for c in convs for t in c.turns[1:]),
-                          max_prompt_tokens=int(stats.prompt_tokens.max))
+                          max_prompt_tokens=int(stats.prompt_tokens.max),
+                          conversations=conversation_facts(workload, tokenizer, DEMO_CHUNK_TOKENS))
     return header, convs, stats, facts
 
 

@@ -30,11 +30,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from kvtier.chunk import ChunkMeta
 from kvtier.keys import ChunkKey
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
+
+if TYPE_CHECKING:
+    from kvtier.config import SharedTierBase
 
 EvictHook = Callable[[list[ChunkKey]], None]
 #: (meta, read view of the payload, release) — a tier hands a chunk it evicts to the next tier down;
@@ -207,3 +210,68 @@ class Tier(ABC):
     def _report_forgotten(self, keys: list[ChunkKey]) -> None:
         if keys and self.on_forget is not None:
             self.on_forget(keys)
+
+
+class WrappingTier(Tier):
+    """A tier in front of another one, ``inner`` (faults: ``FaultyTier``; deadlines and a breaker:
+    ``GuardedTier``). Deleting, flushing, closing and the index-only calls are the inner tier's;
+    subclasses override what they change and implement the reads and writes."""
+
+    inner: Tier
+
+    def delete(self, key: ChunkKey) -> bool:
+        return self.inner.delete(key)
+
+    def delete_many(self, keys: Iterable[ChunkKey]) -> int:
+        return self.inner.delete_many(keys)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.inner.flush(timeout)
+
+    def usage(self) -> TierUsage:
+        return self.inner.usage()
+
+    def keys(self) -> list[ChunkKey]:
+        return self.inner.keys()
+
+    def children(self, key: ChunkKey) -> list[ChunkKey]:
+        return self.inner.children(key)
+
+    def holds(self, key: ChunkKey) -> bool:
+        return self.inner.holds(key)
+
+    def has_children(self, key: ChunkKey) -> bool:
+        return self.inner.has_children(key)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class RemoteTier(Tier):
+    """A shared backend (Valkey, Mooncake) with no local index: the server is the index, so the
+    index-only calls know nothing, and the per-key calls ride on the batched ones with the config's
+    deadlines (``lookup_timeout_s`` for existence, ``io_timeout_s`` for reads and writes)."""
+
+    cfg: "SharedTierBase"
+
+    def contains(self, key: ChunkKey) -> bool:
+        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
+
+    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
+        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
+        return r.meta if r.ok else None
+
+    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
+        return self.write([WriteItem(meta, memoryview(payload))])[0]
+
+    def keys(self) -> list[ChunkKey]:
+        return []
+
+    def children(self, key: ChunkKey) -> list[ChunkKey]:
+        return []
+
+    def holds(self, key: ChunkKey) -> bool:
+        return False
+
+    def has_children(self, key: ChunkKey) -> bool:
+        return False

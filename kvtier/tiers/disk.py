@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 
-from kvtier.chunk import ChunkError, ChunkMeta, encode_header, file_size
+from kvtier.chunk import ChunkError, ChunkMeta, check_read_size, encode_header, file_size
 from kvtier.eviction import EvictionPolicy, PolicyName
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
@@ -302,7 +302,8 @@ class DiskTier(Tier):
         try:
             size: int | None = os.stat(self.path_of(key)).st_size
         except OSError:
-            size = self._writers.pending_size(key)
+            pending = self._writers.pending_size(key)       # payload bytes of a queued write
+            size = None if pending is None else file_size(pending)
         if size is None:
             if key in self._index:
                 self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")
@@ -310,7 +311,14 @@ class DiskTier(Tier):
                 self._report_forgotten([key])
             self._tm.miss(self.name)
             return None
-        buf = memoryview(bytearray(size))
+        try:
+            check_read_size(self._ns, size)       # allocate from a checked size only
+        except ChunkError as e:
+            self._tm.event(e.kind, self.name, f"{key.hex()[:16]}: {e}")
+            self._remove_file(key)
+            self._tm.miss(self.name)
+            return None
+        buf = memoryview(bytearray(max(0, size - HEADER_SIZE - TRAILER_SIZE)))
         try:
             meta = self.get_into(key, buf)
         except ValueError:   # replaced meanwhile by a larger chunk file (another writer): a miss

@@ -21,8 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from typing import TYPE_CHECKING
 
-from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, is_signed,
-                          new_hasher, pack_trailer, verify_digest)
+from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, check_read_size, checksum, decode_header,
+                          is_signed, new_hasher, pack_trailer, verify_digest)
 
 if TYPE_CHECKING:
     from kvtier.chunk import Hasher
@@ -279,6 +279,7 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
         plen = size - HEADER_SIZE - TRAILER_SIZE
         if plen < 0:
             raise ChunkError("torn", f"file is {size} bytes")
+        check_read_size(namespace_digest, size)     # nothing below allocates more than min(out, limit)
         if plen > len(out):  # a well-formed chunk that does not fit is the caller's error
             hb = _bounce(HEADER_SIZE)[:HEADER_SIZE]
             if _preadv_all(fd, [hb], 0) < HEADER_SIZE:

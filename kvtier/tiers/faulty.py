@@ -45,7 +45,7 @@ from kvtier.chunk import ChunkError, ChunkMeta, decode, encode
 from kvtier.config import FaultyConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import Tier, WrappingTier, as_byte_view
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 
@@ -54,7 +54,7 @@ _OWN = frozenset({"inner", "cfg", "name", "capabilities", "injected", "calls", "
                   "_rng", "_lock"})
 
 
-class FaultyTier(Tier):
+class FaultyTier(WrappingTier):
     def __init__(self, inner: Tier, cfg: FaultyConfig, namespace_digest: bytes, telemetry: Telemetry) -> None:
         # no Tier.__init__: on_evict / evict_guard belong to the inner tier (set through __setattr__)
         object.__setattr__(self, "inner", inner)
@@ -236,31 +236,3 @@ class FaultyTier(Tier):
             else:
                 accepted.append(next(inner_ok))
         return accepted
-
-    # -- the rest of the Tier interface, unchanged -------------------------------------------------
-    def delete(self, key: ChunkKey) -> bool:
-        return self.inner.delete(key)
-
-    def delete_many(self, keys) -> int:
-        return self.inner.delete_many(keys)
-
-    def flush(self, timeout: float | None = None) -> bool:
-        return self.inner.flush(timeout)
-
-    def usage(self) -> TierUsage:
-        return self.inner.usage()
-
-    def keys(self) -> list[ChunkKey]:
-        return self.inner.keys()
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return self.inner.children(key)
-
-    def holds(self, key: ChunkKey) -> bool:
-        return self.inner.holds(key)
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return self.inner.has_children(key)
-
-    def close(self) -> None:
-        self.inner.close()

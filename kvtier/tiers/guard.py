@@ -40,7 +40,7 @@ from kvtier.chunk import ChunkMeta
 from kvtier.config import SharedTierBase
 from kvtier.keys import ChunkKey
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import Tier, WrappingTier, as_byte_view
 from kvtier.tiers.breaker import Breaker
 from kvtier.tiers.protocol import Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 
@@ -91,7 +91,7 @@ class _Unavailable(Exception):
         self.reason = reason
 
 
-class GuardedTier(Tier):
+class GuardedTier(WrappingTier):
     def __init__(self, inner: Tier, cfg: SharedTierBase, telemetry: Telemetry) -> None:
         super().__init__()
         self.inner = inner
@@ -346,21 +346,6 @@ class GuardedTier(Tier):
 
     def delete(self, key: ChunkKey) -> bool:
         return self.delete_many([key]) > 0
-
-    def usage(self) -> TierUsage:
-        return self.inner.usage()
-
-    def keys(self) -> list[ChunkKey]:
-        return self.inner.keys()
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return self.inner.children(key)
-
-    def holds(self, key: ChunkKey) -> bool:
-        return self.inner.holds(key)
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return self.inner.has_children(key)
 
     def payload_size(self, key: ChunkKey) -> int | None:
         return self.inner.payload_size(key)

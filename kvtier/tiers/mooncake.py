@@ -19,6 +19,9 @@ Mooncake semantics and what the tier does about them (tests/integration/test_moo
   tests/services/mooncake_pool_owner.py). A vanished object is a counted miss.
 * The master evicts when the pool is full (high watermark); a put it cannot place returns
   ``NO_AVAILABLE_HANDLE``: ``False`` + a ``full`` event once per burst.
+* Bounded reads: ``read_into`` moves at most the caller's buffer (payload) plus a fixed scratch area
+  (header, trailer); ``get`` allocates from ``get_size`` only after checking it against the
+  namespace's read limit (``store.max_chunk_bytes``; larger: a ``too_large`` miss, removed).
 * Deadlines: existence checks run on a helper thread and are abandoned at the deadline
   (``UNAVAILABLE``: they touch no caller memory); reads and writes are bounded by the client's own
   RPC / transfer timeouts, derived from ``io_timeout_s`` (see ``mooncake_client``). A master absent at
@@ -35,11 +38,11 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, encode_header, \
-    file_size, pack_trailer, verify_digest
+    file_size, pack_trailer, read_limit, verify_digest
 from kvtier.config import MooncakeConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.mooncake_client import (INVALID_PARAMS, OBJECT_ALREADY_EXISTS, OBJECT_NOT_FOUND, TRANSFER_FAIL,
                                           Client, fault_kind, import_store)
@@ -53,7 +56,7 @@ def _ptr(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
-class MooncakeTier(Tier):
+class MooncakeTier(RemoteTier):
     """See the module docstring. Construct with ``open``; thread-safe."""
 
     name = "mooncake"
@@ -298,14 +301,7 @@ class MooncakeTier(Tier):
         self._lookups.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
-    # -- per-key calls, on top of the batched ones ---------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
-
-    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
-        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
-        return r.meta if r.ok else None
-
+    # -- per-key calls the batched ones do not cover (the rest: RemoteTier) ----------------------
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         store = self._ok()
         if store is None:
@@ -313,24 +309,14 @@ class MooncakeTier(Tier):
         size = store.get_size(self._name(key))
         if size < HEADER_SIZE + TRAILER_SIZE:
             return None
+        if size > read_limit(self._ns):   # allocate from a checked size only
+            self._tm.event("too_large", self.name, f"{key.hex()[:16]}: object of {size} B exceeds "
+                           "store.max_chunk_bytes")
+            self._remove(self._name(key), force=True)
+            return None
         buf = memoryview(bytearray(size - HEADER_SIZE - TRAILER_SIZE))
         r = self.read_into([key], [buf], Deadline.after(self.cfg.io_timeout_s))[0]
         return (r.meta, buf[:r.meta.payload_len]) if r.ok and r.meta else None
 
-    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
-        return self.write([WriteItem(meta, memoryview(payload))])[0]
-
     def delete(self, key: ChunkKey) -> bool:
         return self._remove(self._name(key))
-
-    def keys(self) -> list[ChunkKey]:
-        return []  # no local index: the master is the index
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return []
-
-    def holds(self, key: ChunkKey) -> bool:
-        return False
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return False

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Sequence
 
-from kvtier.chunk import ChunkError, ChunkMeta, encode_header
+from kvtier.chunk import ChunkError, ChunkMeta, encode_header, read_limit
 from kvtier.config import SharedFsConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
@@ -226,8 +226,9 @@ class SharedFsTier(Tier):
                 removed = self._remove_bad(key)
                 self.events(e.kind, f"{key.hex()[:16]}: {e}{' (removed)' if removed else ''}")
                 return b.put(i, ReadResult.miss(e.kind))
-            except ValueError as e:
-                return b.put(i, e)
+            except ValueError as e:   # a well-formed header, a payload larger than the buffer: never an
+                self.events("wrong_size", f"{key.hex()[:16]}: {e}")   # exception for what another machine wrote
+                return b.put(i, ReadResult.miss("wrong_size"))
             except OSError as e:
                 st = self._os_error(e, f"read {key.hex()[:16]}")
                 return b.put(i, ReadResult(st, None, "down" if st is Status.UNAVAILABLE else "io"))
@@ -250,8 +251,6 @@ class SharedFsTier(Tier):
         results: list[ReadResult] = []
         for i in range(n):
             v = b.values[i] if b.filled[i] else ReadResult.unavailable("timeout")
-            if isinstance(v, ValueError):
-                raise v
             results.append(v)  # type: ignore[arg-type]
         self._account(keys, results, mtimes, time.perf_counter() - t0)
         return results
@@ -384,6 +383,10 @@ class SharedFsTier(Tier):
         except OSError:
             size = -1
         if size < sio.MIN_FILE:
+            self._tm.miss(TIER)
+            return None
+        if size > read_limit(self._ns):       # allocate from a checked size only
+            self.events("too_large", f"{key.hex()[:16]}: file of {size} B exceeds store.max_chunk_bytes")
             self._tm.miss(TIER)
             return None
         buf = memoryview(bytearray(size - sio.MIN_FILE))

@@ -20,8 +20,8 @@ import queue
 import threading
 from typing import Callable
 
-from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, checksum, decode_header, pack_trailer,
-                          verify_digest)
+from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, check_read_size, checksum, decode_header,
+                          pack_trailer, verify_digest)
 from kvtier.tiers.diskio import _bounce, _preadv_all, _writev_all
 
 MIN_FILE = HEADER_SIZE + TRAILER_SIZE
@@ -172,15 +172,15 @@ def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tu
         if size < MIN_FILE:
             raise ChunkError("torn", f"file is {size} bytes")
         plen = size - MIN_FILE
-        buf = bounce(size)
+        check_read_size(namespace_digest, size)   # the bounce buffer never grows past min(limit, read limit)
         if plen > limit:
-            head = buf[:HEADER_SIZE]
+            head = bounce(HEADER_SIZE)[:HEADER_SIZE]
             if _preadv_all(fd, [head], 0) < HEADER_SIZE:
                 raise ChunkError("torn", "short header")
             if decode_header(head, namespace_digest, key).payload_len != plen:
                 raise ChunkError("torn", f"file is {size} bytes, header disagrees")
             raise ValueError(f"output buffer has {limit} bytes, chunk needs {plen}")
-        view = buf[:size]
+        view = bounce(size)[:size]
         got = _preadv_all(fd, [view], 0)
         if got != size:
             raise ChunkError("torn", f"read {got} of {size} bytes")

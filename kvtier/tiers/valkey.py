@@ -13,8 +13,9 @@ Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
 * **Never wrong bytes.** Every value is verified (magic, version, namespace, key, length, checksum)
   before one byte reaches the caller's buffer; a bad value is a miss, counted under its kind, and
   deleted.
-* **One round trip per batch** (per node in cluster mode): existence checks are one pipeline of
-  ``EXISTS``; reads/writes are pipelines of ``GET``/``SET`` in windows of at most ``WINDOW_BYTES``.
+* **One round trip per batch** (per node in cluster mode, the nodes' pipelines in parallel on the
+  tier's node threads): existence checks are one pipeline of ``EXISTS``; reads/writes are pipelines
+  of ``GETRANGE``/``SET`` in windows of at most ``WINDOW_BYTES``.
 * **Deadlines.** Existence checks use a client whose socket timeout is ``lookup_timeout_s``, reads
   and writes one with ``io_timeout_s``; no client retries. Down / timeout / full become
   ``UNAVAILABLE`` / ``False`` plus an event counted once per burst (``kvtier.tiers.bursts``).
@@ -22,6 +23,10 @@ Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
 * **Eviction is the server's.** Run the server with ``maxmemory`` and ``maxmemory-policy allkeys-lru``
   (or ``allkeys-lfu``); with ``noeviction`` a full server rejects writes (``full`` events, reads go
   on). Optional ``ttl_s`` expires chunks. The open-time probe logs the server's policy once.
+* **Bounded reads.** Values are read with ``GETRANGE key 0 cap`` where ``cap`` is the caller's buffer
+  (plus header and trailer) capped by the namespace's read limit (``store.max_chunk_bytes``): the
+  client never allocates more than ``cap + 1`` bytes, whatever the server holds. A longer value is
+  a counted miss (``wrong_size``; past the read limit ``too_large``, and deleted).
 * **Limits at open.** ``proto-max-bulk-len`` (CONFIG GET; 512 MiB when CONFIG is not allowed) is the
   ``max_chunk_bytes`` capability: the store refuses larger chunks at start with one line.
 * **Credentials** come from the config (``username`` / ``password``, a ``SecretStr``) or its
@@ -31,72 +36,31 @@ Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import logging
 import threading
 import time
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
-from kvtier.chunk import (ChunkError, ChunkMeta, checksum, decode, encode_header, file_size,
-                          pack_trailer)
+from kvtier.chunk import ChunkError, ChunkMeta, decode, file_size, read_limit
 from kvtier.config import ValkeyConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.valkey_conn import Connections, fault_kind, require_client, short
+from kvtier.tiers.valkey_wire import WINDOW_BYTES, release, send_sets, set_pieces, windows
+
+__all__ = ["ValkeyTier", "WINDOW_BYTES", "send_sets", "set_pieces"]
 
 log = logging.getLogger("kvtier.valkey")
 
-WINDOW_BYTES = 64 * 2**20        # most bytes in one read/write pipeline
 DEFAULT_MAX_BULK = 512 * 2**20   # Valkey's default proto-max-bulk-len
 _USAGE_EVERY_S = 10.0
 
 
-def set_pieces(ns_digest: bytes, rk: bytes, meta: ChunkMeta, payload: memoryview, px: int | None) -> list:
-    """A RESP ``SET rk <chunk> [PX ms]`` as socket pieces: the payload goes out of the caller's buffer
-    as is (no copy); header and trailer ride in small byte strings around it."""
-    header = encode_header(ns_digest, meta)
-    trailer = pack_trailer(checksum(header, payload))
-    n = 5 if px else 3
-    head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (n, len(rk), rk, file_size(meta.payload_len))
-    tail = trailer + b"\r\n"
-    if px:
-        ms = str(px).encode()
-        tail += b"$2\r\nPX\r\n$%d\r\n%s\r\n" % (len(ms), ms)
-    return [head + bytes(header), payload, tail] if len(payload) else [head + bytes(header) + tail]
-
-
-def send_sets(client: Any, commands: list[list]) -> list[Any]:
-    """Send packed commands on one pooled connection and read one reply each (error replies are
-    returned, not raised). A transport error drops the connection (the next call reconnects)."""
-    pool = client.connection_pool
-    conn = pool.get_connection("SET")
-    try:
-        conn.send_packed_command([piece for cmd in commands for piece in cmd], check_health=False)
-        replies: list[Any] = []
-        for _ in commands:
-            try:
-                replies.append(conn.read_response())
-            except Exception as exc:
-                if not _is_reply_error(exc):
-                    raise
-                replies.append(exc)
-        return replies
-    except BaseException:
-        conn.disconnect()
-        raise
-    finally:
-        pool.release(conn)
-
-
-def _is_reply_error(exc: BaseException) -> bool:
-    import valkey
-
-    return isinstance(exc, valkey.ResponseError)
-
-
-class ValkeyTier(Tier):
+class ValkeyTier(RemoteTier):
     """See the module docstring. Construct with ``open``; thread-safe."""
 
     name = "valkey"
@@ -115,6 +79,7 @@ class ValkeyTier(Tier):
         self._usage = TierUsage(0, 0, 0)
         self._usage_at = 0.0
         self._lock = threading.Lock()
+        self._nodes: cf.ThreadPoolExecutor | None = None    # cluster mode: one pipeline per node, in parallel
         self.capabilities = Capabilities(shared=True, evicts_itself=True, complete_index=False,
                                          local_budget=False, max_chunk_bytes=DEFAULT_MAX_BULK)
 
@@ -177,6 +142,20 @@ class ValkeyTier(Tier):
         self._bursts.fault(kind, f"{what} at {self.where}: {short(exc)}")
         return kind
 
+    def _per_node(self, groups: Sequence[Any], fn: Callable[[Any], None], timeout: float | None = None) -> None:
+        """Run ``fn(group)`` for every node's group at once (inline when there is one) and wait for all,
+        or until ``timeout``: a group still running then is abandoned (``fn`` must only write results
+        that the caller stops reading). ``fn`` handles its own errors."""
+        if len(groups) == 1:
+            fn(groups[0])
+            return
+        with self._lock:
+            if self._nodes is None:
+                self._nodes = cf.ThreadPoolExecutor(max_workers=max(4, self.cfg.max_inflight),
+                                                    thread_name_prefix="kvtier-valkey-node")
+            pool = self._nodes
+        cf.wait([pool.submit(fn, g) for g in groups], timeout=timeout)
+
     # -- batched calls -----------------------------------------------------------------------
     def longest_prefix(self, keys: Sequence[ChunkKey], deadline: Deadline) -> PrefixResult:
         """One pipeline of EXISTS (per node); UNAVAILABLE if the first unknown key precedes a miss."""
@@ -191,21 +170,27 @@ class ValkeyTier(Tier):
         except Exception as exc:
             self._failed(exc, "lookup")
             return PrefixResult(0, Status.UNAVAILABLE)
-        for g in groups:
+
+        def node(g: Any) -> None:
             if deadline.expired():
-                break
+                return
             try:
                 pipe = g.client.pipeline(transaction=False)
                 for i in g.index:
                     pipe.exists(rks[i])
-                for i, v in zip(g.index, pipe.execute()):
-                    known[i] = bool(v)
+                answers = pipe.execute()
             except Exception as exc:
                 self._failed(exc, "lookup")
-        if any(v is not None for v in known):
+                return
+            for i, v in zip(g.index, answers):
+                known[i] = bool(v)
+
+        self._per_node(groups, node, timeout=deadline.remaining())
+        answered = list(known)   # a node answering after the deadline writes into ``known`` only
+        if any(v is not None for v in answered):
             self._bursts.ok()
         n = 0
-        for v in known:
+        for v in answered:
             if v is None:
                 return PrefixResult(n, Status.UNAVAILABLE)
             if not v:
@@ -215,7 +200,7 @@ class ValkeyTier(Tier):
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
                   deadline: Deadline) -> list[ReadResult]:
-        """Pipelined GETs (windows of ``WINDOW_BYTES`` by buffer size), each value verified, then copied."""
+        """Pipelined GETRANGEs (windows of ``WINDOW_BYTES`` by buffer size), each value verified, then copied."""
         n = len(keys)
         if self._disabled:
             return [ReadResult.unavailable("disabled")] * n
@@ -228,9 +213,10 @@ class ValkeyTier(Tier):
         except Exception as exc:
             kind = self._failed(exc, "read")
             return [ReadResult.unavailable(kind)] * n
-        for g in groups:
+
+        def node(g: Any) -> None:
             failed: str | None = None
-            for window in _windows(g.index, [len(views[i]) for i in g.index]):
+            for window in windows(g.index, [len(views[i]) for i in g.index]):
                 if failed is None and deadline.expired():
                     failed = "timeout"
                 if failed is not None:
@@ -240,7 +226,7 @@ class ValkeyTier(Tier):
                 try:
                     pipe = g.client.pipeline(transaction=False)
                     for i in window:
-                        pipe.get(rks[i])
+                        pipe.getrange(rks[i], 0, self._cap(len(views[i])))
                     values = pipe.execute()
                 except Exception as exc:
                     failed = self._failed(exc, "read")
@@ -250,14 +236,28 @@ class ValkeyTier(Tier):
                 self._bursts.ok()
                 for i, value in zip(window, values):
                     res[i] = self._verify_into(keys[i], value, views[i], bad, rks[i])
+
+        self._per_node(groups, node)   # every node's reads end (socket timeouts) before the buffers go back
         if bad:
             self._delete_raw(bad)
         return [r if r is not None else ReadResult.unavailable("timeout") for r in res]
 
+    def _cap(self, payload_room: int) -> int:
+        """Largest value a read of a chunk with ``payload_room`` payload bytes accepts."""
+        return min(file_size(payload_room), read_limit(self._ns))
+
     def _verify_into(self, key: ChunkKey, value: Any, out: memoryview, bad: list[bytes], rk: bytes) -> ReadResult:
-        if value is None:
+        if not value:   # GETRANGE of a missing key is empty
             self._tm.event("missing", self.name, f"{key.hex()[:16]} absent (evicted or expired)")
             return ReadResult.miss("absent")
+        cap = self._cap(len(out))
+        if len(value) > cap:   # GETRANGE returned cap + 1 bytes: the value is longer than we accept
+            if cap == read_limit(self._ns):
+                self._tm.event("too_large", self.name, f"{key.hex()[:16]}: value exceeds store.max_chunk_bytes")
+                bad.append(rk)
+                return ReadResult.miss("too_large")
+            self._tm.event("wrong_size", self.name, f"{key.hex()[:16]}: value > buffer {len(out)} B")
+            return ReadResult.miss("wrong_size")
         try:
             meta, payload = decode(self._ns, value, expect_key=key)
         except ChunkError as e:
@@ -295,11 +295,12 @@ class ValkeyTier(Tier):
                 self._failed(exc, "write")
                 return ok
             px = int(self.cfg.ttl_s * 1000) if self.cfg.ttl_s else None
-            for g in groups:
+
+            def node(g: Any) -> None:
                 pos = [todo[j] for j in g.index]
                 rk_of = {todo[j]: rks[j] for j in g.index}
                 failed = False
-                for window in _windows(pos, [file_size(items[i].meta.payload_len) for i in pos]):
+                for window in windows(pos, [file_size(items[i].meta.payload_len) for i in pos]):
                     if failed:
                         break
                     cmds = [set_pieces(self._ns, rk_of[i], items[i].meta, as_byte_view(items[i].payload), px)
@@ -312,18 +313,20 @@ class ValkeyTier(Tier):
                         continue
                     finally:
                         for i in window:
-                            _release(items, released, i)
+                            release(items, released, i)
                     self._bursts.ok()
                     for i, a in zip(window, answers):
                         if isinstance(a, Exception):
                             self._failed(a, "write")
                         else:
                             ok[i] = a in (True, b"OK", "OK")
+
+            self._per_node(groups, node)   # payload buffers are released only after every node is done
             self._maybe_usage()
             return ok
         finally:
             for i in range(len(items)):
-                _release(items, released, i)
+                release(items, released, i)
                 if on_done is not None:
                     on_done(items[i].meta.key, ok[i])
 
@@ -372,25 +375,27 @@ class ValkeyTier(Tier):
         return self._usage
 
     def close(self) -> None:
+        with self._lock:
+            pool, self._nodes = self._nodes, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
         self._conns.close()
 
-    # -- per-key calls, on top of the batched ones ---------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
-
-    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
-        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
-        return r.meta if r.ok else None
-
+    # -- per-key calls the batched ones do not cover (the rest: RemoteTier) ----------------------
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         if self._disabled:
             return None
+        limit = read_limit(self._ns)
         try:
-            value = self._conns.groups("io", [self._rk(key)])[0].client.get(self._rk(key))
+            value = self._conns.groups("io", [self._rk(key)])[0].client.getrange(self._rk(key), 0, limit)
         except Exception as exc:
             self._failed(exc, "read")
             return None
-        if value is None:
+        if not value:
+            return None
+        if len(value) > limit:
+            self._tm.event("too_large", self.name, f"{key.hex()[:16]}: value exceeds store.max_chunk_bytes")
+            self._delete_raw([self._rk(key)])
             return None
         try:
             meta, payload = decode(self._ns, value, expect_key=key)
@@ -400,45 +405,5 @@ class ValkeyTier(Tier):
             return None
         return meta, memoryview(bytearray(payload))
 
-    def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
-        return self.write([WriteItem(meta, memoryview(payload))])[0]
-
     def delete(self, key: ChunkKey) -> bool:
         return self.delete_many([key]) == 1
-
-    def keys(self) -> list[ChunkKey]:
-        return []  # no local index: the server is the index
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return []
-
-    def holds(self, key: ChunkKey) -> bool:
-        return False
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return False
-
-
-def _windows(index: list[int], sizes: list[int]) -> Iterable[list[int]]:
-    """Split ``index`` into runs whose ``sizes`` sum to at most WINDOW_BYTES (at least one each)."""
-    run: list[int] = []
-    total = 0
-    for i, size in zip(index, sizes):
-        if run and total + size > WINDOW_BYTES:
-            yield run
-            run, total = [], 0
-        run.append(i)
-        total += size
-    if run:
-        yield run
-
-
-def _release(items: Sequence[WriteItem], released: list[bool], i: int) -> None:
-    if not released[i]:
-        released[i] = True
-        rel = items[i].release
-        if rel is not None:
-            try:
-                rel()
-            except Exception:
-                log.exception("kvtier valkey: a write item's release() raised")

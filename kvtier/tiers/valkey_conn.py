@@ -106,16 +106,30 @@ class Connections:
             kw["username"] = c.username
         if c.password is not None:
             kw["password"] = c.password.get_secret_value()
-        if c.tls or c.url.startswith("rediss://"):
-            kw["ssl"] = True
+        if self._tls():
+            # the rediss:// scheme selects the TLS connection class; verify the certificate and its host
+            kw.update(ssl_cert_reqs="required", ssl_check_hostname=True)
             if c.tls_ca_file is not None:
                 kw["ssl_ca_certs"] = str(c.tls_ca_file)
         return kw
 
+    def _tls(self) -> bool:
+        return self.cfg.tls or self.cfg.url.startswith(("rediss://", "valkeys://"))
+
+    def _url(self) -> str:
+        """The URL valkey-py understands: redis:// or rediss:// (TLS, also when ``tls`` is set)."""
+        url = self.cfg.url
+        for plain, tls in (("valkeys://", "rediss://"), ("valkey://", "redis://")):
+            if url.startswith(plain):
+                url = tls + url[len(plain):]
+        if self._tls() and url.startswith("redis://"):
+            url = "rediss://" + url[len("redis://"):]
+        return url
+
     def _build(self, which: str) -> Any:
         timeout = self.cfg.lookup_timeout_s if which == "lookup" else self.cfg.io_timeout_s
         kw = self._kwargs(timeout)
-        url = self.cfg.url.replace("valkey://", "redis://", 1).replace("valkeys://", "rediss://", 1)
+        url = self._url()
         if not self.cfg.cluster:
             return valkey.Valkey.from_url(url, **kw)
         from valkey.cluster import ValkeyCluster

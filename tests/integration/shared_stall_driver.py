@@ -13,7 +13,10 @@ hit, so vLLM waits for its asynchronous load while Y runs; X's read stalls past 
 timeout, its blocks are reported failed and vLLM recomputes them. Output per request: the
 generated ids (the test compares them with the writer's) and the request-log events.
 
-The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0). With ``--wait-for FILE`` the
+engine starts, then serves only once FILE exists (the test starts the stalled engine beside the
+writer and releases it when the writer's chunks are on the shared directory); ``served_from`` in
+OUT is the time (``time.time()``) of its first request.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def main() -> int:
     ap.add_argument("--shared", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--log", required=True)
+    ap.add_argument("--wait-for", help="after start-up, serve only once this file exists (at most 300 s)")
     args = ap.parse_args()
 
     from vllm import SamplingParams, TokensPrompt
@@ -66,7 +70,13 @@ def main() -> int:
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     P = prompts()
     out: dict = {"outputs": {}}
-    t0 = time.time()
+    if args.wait_for:
+        deadline = time.time() + 300
+        while not Path(args.wait_for).exists():
+            if time.time() > deadline:
+                raise SystemExit(f"{args.wait_for} did not appear within 300 s")
+            time.sleep(0.1)
+    t0 = out["served_from"] = time.time()
     if args.role == "writer":
         for name, p in P.items():
             (o,) = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)

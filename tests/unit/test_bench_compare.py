@@ -1,11 +1,15 @@
-"""compare: config parsing, per-config fresh servers (fake launcher), speedups and the report."""
+"""compare: config parsing, per-config fresh servers (fake launcher), speedups and the report.
+
+The run itself is in virtual time (tests/unit/virtual_time.py): the fake servers answer in-process
+and the clock moves only as their delays say, so speedups and the SLO knee are exact on a loaded
+machine. The launcher's own process handling is tested on real processes in test_bench_server.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
+from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,11 +17,10 @@ from kvtier.bench.compare import load_compare_specs, run_compare
 from kvtier.bench.replay import ReplayOptions
 from kvtier.bench.slo import SloOptions
 from kvtier.config import ConfigError
-from kvtier.server import ServerError, ServerSpec, VllmServer
+from kvtier.server import ServerError, ServerSpec
+from tests.unit.fake_openai_server import FakeBehavior
 from tests.unit.test_bench_replay import make_workload
-
-FAKE = str(Path(__file__).with_name("fake_openai_server.py"))
-ROOT = str(Path(__file__).resolve().parents[2])
+from tests.unit.virtual_time import virtual_time  # noqa: F401
 
 
 def test_load_compare_specs_with_defaults_and_kvtier(tmp_path):
@@ -64,8 +67,10 @@ def test_compare_dtype_entries_and_command_default(tmp_path):
     assert (a.dtype, b.dtype, c.dtype) == ("float32", "bfloat16", "auto")
 
 
-def fake_launcher(delays: dict[str, float], seen: list):
-    """Start the fake server script as the 'vLLM' of each spec; first-token delay by config name."""
+def fake_launcher(vt, delays: dict[str, float], seen: list):
+    """A fake server as the 'vLLM' of each spec (first-token delay by config name), logging to
+    ``log_path`` as VllmServer does; an unknown name fails to start like a crashing server."""
+    @contextmanager
     def start(spec: ServerSpec, log_path, ready_timeout_s: float):
         seen.append(spec)
         if spec.name not in delays:
@@ -73,13 +78,13 @@ def fake_launcher(delays: dict[str, float], seen: list):
         if spec.kvtier_config:
             disk = Path(spec.kvtier_config["store"]["disk"]["path"])
             assert disk.is_dir() and not any(disk.iterdir()), "disk tier dir must be fresh and empty"
-        cmd = [sys.executable, FAKE, "--port", "{port}", "--first-token-delay", str(delays[spec.name])]
-        return VllmServer.start(spec, log_path, ready_timeout_s=ready_timeout_s, command=cmd,
-                                env={**os.environ, "PYTHONPATH": ROOT})
+        Path(log_path).write_text(f"fake server {spec.name}, first-token delay {delays[spec.name]} s\n")
+        with vt.server(FakeBehavior(first_token_delay_s=delays[spec.name])) as srv:
+            yield SimpleNamespace(base_url=srv.url)
     return start
 
 
-def test_run_compare_writes_report_with_speedups(tmp_path):
+def test_run_compare_writes_report_with_speedups(tmp_path, virtual_time):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=6, n_turns=3)
     specs = [ServerSpec(name="baseline", model="/m"),
              ServerSpec(name="broken", model="/m"),
@@ -88,12 +93,13 @@ def test_run_compare_writes_report_with_speedups(tmp_path):
     out = tmp_path / "cmp"
     res = run_compare(wl, specs, out, ReplayOptions(concurrency=3, progress=False),
                       slo=SloOptions(slo_s=0.5, max_load=4, requests_per_point=8),
-                      start_server=fake_launcher({"baseline": 0.2, "kvtier-disk": 0.05}, seen), ready_timeout_s=30)
+                      start_server=fake_launcher(virtual_time, {"baseline": 0.2, "kvtier-disk": 0.05}, seen),
+                      ready_timeout_s=30)
     assert [r.name for r in res.runs] == ["baseline", "broken", "kvtier-disk"]
     base, broken, kv = res.runs
     assert base.summary["requests_ok"] == 18 and kv.summary["requests_ok"] == 18
     assert broken.error and "boom" in broken.error and broken.summary is None
-    assert res.speedups["kvtier-disk"]["ttft_mean"] > 2.0  # 0.2 s vs 0.05 s first-token delay
+    assert res.speedups["kvtier-disk"]["ttft_mean"] == pytest.approx(4.0)  # 0.2 s vs 0.05 s first-token delay
     assert res.speedups["baseline"]["ttft_mean"] == pytest.approx(1.0)
     # the fresh disk dir was created for the run and removed afterwards
     disk = Path(seen[-1].kvtier_config["store"]["disk"]["path"])

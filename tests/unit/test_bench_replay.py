@@ -1,4 +1,10 @@
-"""Replay ordering, load modes, bounds and failure handling, against the fake server."""
+"""Replay ordering, load modes, bounds and failure handling, against the fake server.
+
+Tests whose assertions are about time (think times, the open loop's duration, trace arrivals, the
+drain timeout, overlap of users) run in virtual time (tests/unit/virtual_time.py): the fake
+server is reached in-process and the clock moves only when every task waits, so the bounds are
+exact instead of margins a loaded machine can break. The failure tests keep a real server on a
+real socket (HTTP 500, a dropped connection, a server that goes away, nothing listening)."""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from kvtier.bench.replay import ReplayError, ReplayOptions, read_records, run_re
 from kvtier.server import free_port
 from kvtier.workload.format import Conversation, Turn, WorkloadHeader, write_workload
 from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
+from tests.unit.virtual_time import virtual_time  # noqa: F401
 
 
 def make_workload(path: Path, n_conv: int = 4, n_turns: int = 3, think: float = 0.0,
@@ -37,9 +44,9 @@ def by_conv(requests):
     return out
 
 
-def test_closed_loop_orders_turns_and_uses_workload_history(tmp_path):
+def test_closed_loop_orders_turns_and_uses_workload_history(tmp_path, virtual_time):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=4, n_turns=3, think=0.15)
-    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.05, token_delay_s=0.01)) as srv:
+    with virtual_time.server(FakeBehavior(first_token_delay_s=0.05, token_delay_s=0.01)) as srv:
         res = run_replay(wl, srv.url, opts(mode="closed", concurrency=2), tmp_path / "out")
         reqs = list(srv.state.requests)
     assert res.summary["requests_ok"] == 12 and res.summary["requests_failed"] == 0
@@ -50,7 +57,8 @@ def test_closed_loop_orders_turns_and_uses_workload_history(tmp_path):
         assert len(rs) == 3
         for k in range(1, 3):
             prev, cur = rs[k - 1], rs[k]
-            assert cur.arrival >= prev.end + 0.15 - 0.01, "turn k+1 sent before turn k ended + think time"
+            # exactly: turn k+1 is sent when turn k ended + the think time, never before
+            assert cur.arrival == pytest.approx(prev.end + 0.15), "turn k+1 not sent at turn k's end + think time"
             msgs = cur.body["messages"]
             assert msgs[-1]["content"].startswith(f"conv {cid} question {k}")
             assert [m["content"] for m in msgs if m["role"] == "assistant"] == \
@@ -84,15 +92,16 @@ def test_max_requests_bounds_a_closed_run(tmp_path):
     assert res.stopped_reason == "max_requests reached"
 
 
-def test_open_loop_poisson_is_bounded_by_duration(tmp_path):
+def test_open_loop_poisson_is_bounded_by_duration(tmp_path, virtual_time):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=200, n_turns=2, think=0.05)
-    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.02)) as srv:
+    with virtual_time.server(FakeBehavior(first_token_delay_s=0.02, token_delay_s=0.001)) as srv:
         res = run_replay(wl, srv.url, opts(mode="open", rate=20.0, duration_s=1.0), tmp_path / "out")
     s = res.summary
     assert res.stopped_reason == "duration reached"
-    assert s["duration_s"] < 1.0 + 1.0  # stops by itself shortly after the deadline
+    # in-flight requests (each 0.02 s + 3 x 0.001 s) finish after the deadline; nothing is sent after it
+    assert 1.0 <= s["duration_s"] <= 1.0 + 0.023 + 1e-9
     assert 0 < s["conversations_started"] < 200
-    assert max(r.start_s for r in res.records) <= 1.0 + 0.05
+    assert max(r.start_s for r in res.records) <= 1.0
     assert s["requests_failed"] == 0 and s["mode"] == "open" and s["rate"] == 20.0
 
 
@@ -107,14 +116,13 @@ def test_open_loop_is_seeded_and_bounded_by_max_requests(tmp_path):
     assert starts[0] == starts[1]
 
 
-def test_trace_mode_honours_arrival_timestamps(tmp_path):
+def test_trace_mode_honours_arrival_timestamps(tmp_path, virtual_time):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=3, n_turns=1, arrival_gap=0.3)
-    with FakeOpenAIServer.start() as srv:
+    with virtual_time.server(FakeBehavior(first_token_delay_s=0.5)) as srv:    # longer than the gaps
         res = run_replay(wl, srv.url, opts(mode="trace"), tmp_path / "out")
     starts = {r.conversation_id: r.start_s for r in res.records}
     for i in range(3):
-        assert starts[f"c{i}"] >= i * 0.3 - 0.005
-        assert starts[f"c{i}"] < i * 0.3 + 0.15
+        assert starts[f"c{i}"] == pytest.approx(i * 0.3)      # at its timestamp, not after the previous
 
 
 def test_server_errors_and_disconnects_are_recorded_and_the_run_continues(tmp_path):
@@ -182,26 +190,26 @@ def test_bad_options_are_rejected(tmp_path, kw, msg):
         run_replay(wl, "http://127.0.0.1:1", opts(**kw), tmp_path / "out")
 
 
-def test_hit_rate_over_time_shows_warm_up(tmp_path):
+def test_hit_rate_over_time_shows_warm_up(tmp_path, virtual_time):
     # 2 conversations, then the same 2 three more times: everything after the first pass is
     # fully cached, and the last half of the run (by time) holds repeats only
     wl = make_workload(tmp_path / "w.jsonl", n_conv=2, n_turns=2)
     lines = wl.read_text().splitlines()
     wl.write_text("\n".join(lines + lines[1:] * 3) + "\n")
-    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.05)) as srv:
+    with virtual_time.server(FakeBehavior(first_token_delay_s=0.05)) as srv:
         res = run_replay(wl, srv.url, opts(concurrency=1, windows=2), tmp_path / "out")
     s = res.summary
     assert s["token_hit_rate_last_half"] > s["hit_rate_over_time"][0]["token_hit_rate"]
     assert s["token_hit_rate_last_half"] == pytest.approx(1.0, abs=0.02)
 
 
-def test_duration_cancels_requests_still_in_flight_after_the_drain_timeout(tmp_path):
+def test_duration_cancels_requests_still_in_flight_after_the_drain_timeout(tmp_path, virtual_time):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=4, n_turns=1)
-    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=5.0)) as srv:
+    with virtual_time.server(FakeBehavior(first_token_delay_s=5.0)) as srv:
         res = run_replay(wl, srv.url, opts(concurrency=2, duration_s=0.3, drain_timeout_s=0.3), tmp_path / "out")
     s = res.summary
     assert s["requests_cancelled"] == 2 and s["requests_total"] == 0
-    assert s["duration_s"] < 2.0 and res.stopped_reason == "duration reached"
+    assert s["duration_s"] == pytest.approx(0.6) and res.stopped_reason == "duration reached"   # bound + drain
 
 
 def test_kvtier_series_come_only_from_kvtier_endpoints() -> None:

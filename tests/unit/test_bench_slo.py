@@ -8,8 +8,9 @@ import pytest
 
 from kvtier.bench.replay import ReplayError, ReplayOptions, load_conversations
 from kvtier.bench.slo import SloOptions, SloResult, run_slo, search
-from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
+from tests.unit.fake_openai_server import FakeBehavior
 from tests.unit.test_bench_replay import make_workload
+from tests.unit.virtual_time import virtual_time  # noqa: F401
 
 
 def synthetic(per_load: float, fail_above: float | None = None):
@@ -61,15 +62,20 @@ def test_bad_search_options():
         search(evaluate, "closed", SloOptions(statistic="token_hit_rate"))
 
 
-def test_slo_search_finds_the_knee_of_a_fake_server(tmp_path):
+def test_slo_search_finds_the_knee_of_a_fake_server(tmp_path, virtual_time):
     # TTFT = 0.15 s x in-flight requests; with N closed-loop users at most N are in flight,
-    # so N=5 gives <= 0.75 s and N=6 gives ~0.9 s for most requests: the knee under 0.825 s is 5.
+    # so N=5 gives <= 0.75 s and N=6 gives 0.9 s once all six are in flight: the knee under 0.825 s
+    # is 5. Virtual time (tests/unit/virtual_time.py): those TTFTs are exact, whatever the load.
     wl = make_workload(tmp_path / "w.jsonl", n_conv=200, n_turns=1)
     convs, _ = load_conversations(wl, False)
-    with FakeOpenAIServer.start(FakeBehavior(ttft_per_active_s=0.15)) as srv:
+    with virtual_time.server(FakeBehavior(ttft_per_active_s=0.15)) as srv:
         res = run_slo(convs, srv.url, ReplayOptions(mode="closed", progress=False),
                       SloOptions(slo_s=0.825, requests_per_point=12), tmp_path / "slo")
     assert res.best_load == 5, [(p.load, p.value) for p in res.points]
+    assert [p.load for p in res.points] == [1, 2, 4, 5, 6, 8]     # doubling, then bisection
+    by_load = {p.load: p.value for p in res.points}
+    assert by_load[1] == pytest.approx(0.15) and by_load[5] == pytest.approx(0.75)   # p90 = 0.15 x N
+    assert by_load[6] == pytest.approx(0.9) and by_load[8] == pytest.approx(1.2)
     assert SloResult.from_dict(json.loads((tmp_path / "slo" / "slo.json").read_text())).best_load == 5
     assert (tmp_path / "slo" / "points" / "load-5-r0.jsonl").exists()
 

@@ -3,6 +3,7 @@ the experiment's ratios while aiming at the target wall time."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -10,8 +11,8 @@ import pytest
 from kvtier.demo import companion
 from kvtier.demo.calibrate import (REFERENCE_PREFILL_1K_S, Calibration, CalibrationError, fit_profile, load_calibration,
                                    measure_profile)
-from kvtier.demo.sizing import (OVER_TARGET, WorkloadFacts, engine_kv_tokens, estimate, max_model_len, scaled,
-                                 size_companion)
+from kvtier.demo.sizing import (OVER_TARGET, SLACK, TurnFacts, WorkloadFacts, closed_loop_seconds, config_seconds,
+                                 engine_kv_tokens, estimate, max_model_len, scaled, size_companion)
 
 
 def linear_machine(per_1k_s: float, fixed_s: float = 0.05):
@@ -72,13 +73,58 @@ def test_calibration_round_trips_and_checks_the_dtype(tmp_path):
 
 
 def fake_facts(size) -> WorkloadFacts:
-    """A workload model: requests and prompt tokens grow with conversations and token lengths."""
-    requests = round(size.conversations * size.turns_mean)
+    """A workload model: conversations of uneven length (0.5x, 1x, 1.5x the mean turns, in turn),
+    prompts growing with the token lengths, 80% of a later turn's prompt an ideal hit."""
     mean_prompt = size.system_tokens + 4 * (size.user_tokens + size.assistant_tokens)
-    total = requests * mean_prompt
-    ideal = int(total * 0.8)
-    return WorkloadFacts(requests=requests, prompt_tokens=total, ideal_hit_tokens=ideal,
-                         think_s=requests * size.think_time_s, max_prompt_tokens=size.max_prompt_tokens)
+    convs = tuple(tuple(TurnFacts(mean_prompt, int(mean_prompt * 0.8) if k else 0, size.think_time_s if k else 0.0)
+                        for k in range(max(1, round(size.turns_mean * (0.5 + (i % 3) / 2)))))
+                  for i in range(size.conversations))
+    turns = [t for c in convs for t in c]
+    return WorkloadFacts(requests=len(turns), prompt_tokens=sum(t.prompt_tokens for t in turns),
+                         ideal_hit_tokens=sum(t.ideal_hit_tokens for t in turns),
+                         think_s=sum(t.think_s for t in turns), max_prompt_tokens=size.max_prompt_tokens,
+                         conversations=convs)
+
+
+def test_closed_loop_one_user_plays_everything_in_turn():
+    # (work, think before the turn): 1 + (3 + 2) + 0.5
+    assert closed_loop_seconds([[(1.0, 0.0), (2.0, 3.0)], [(0.5, 0.0)]], users=1) == pytest.approx(6.5)
+
+
+def test_closed_loop_users_share_the_engine():
+    # two 1 s requests at once: each gets half the engine, both end at 2 s
+    assert closed_loop_seconds([[(1.0, 0.0)], [(1.0, 0.0)]], users=2) == pytest.approx(2.0)
+    assert closed_loop_seconds([[(1.0, 0.0)], [(1.0, 0.0)]], users=1) == pytest.approx(2.0)
+    # one user thinking while the other is served: no sharing
+    assert closed_loop_seconds([[(1.0, 0.0), (1.0, 5.0)], [(1.0, 1.0)]], users=2) == pytest.approx(7.0)
+
+
+def test_the_last_long_conversation_runs_alone():
+    """The closed loop's tail: 2 users, two short chats, then a long one that starts only when the
+    first user is free (at 2 s) and then runs alone: 2 + 1 + 10 + 1 + 10 + 1 = 25 s. The aggregate
+    formula max(W, (W + think) / users) said 12.5 s: half of what the run takes."""
+    long = [(1.0, 0.0), (1.0, 10.0), (1.0, 10.0)]
+    assert closed_loop_seconds([[(1.0, 0.0)], [(1.0, 0.0)], long], users=2) == pytest.approx(25.0)
+    # the same through the per-configuration estimate: a machine with 1 s per request, no cache
+    prof = fit_profile([(256, 1.0), (1024, 1.0 + 1e-9)])
+    one = TurnFacts(prompt_tokens=256, ideal_hit_tokens=0, think_s=0.0)
+    convs = ((one,), (one,), (one, TurnFacts(256, 0, 10.0), TurnFacts(256, 0, 10.0)))
+    facts = WorkloadFacts(requests=5, prompt_tokens=5 * 256, ideal_hit_tokens=0, think_s=20.0, max_prompt_tokens=256,
+                          conversations=convs)
+    assert config_seconds(prof, facts, users=2, think_time_scale=1.0, hit_share=1.0) == pytest.approx(SLACK * 25.0,
+                                                                                                        rel=1e-6)
+    aggregate = dataclasses.replace(facts, conversations=())
+    assert config_seconds(prof, aggregate, users=2, think_time_scale=1.0, hit_share=1.0) < 0.6 * 25.0
+
+
+def test_hits_shorten_the_estimate_by_the_cached_prefill():
+    prof = fit_profile([(256, 0.3), (512, 0.55), (1024, 1.05)])
+    convs = ((TurnFacts(1000, 0, 0.0), TurnFacts(1200, 1000, 1.0)),)
+    facts = WorkloadFacts(requests=2, prompt_tokens=2200, ideal_hit_tokens=1000, think_s=1.0, max_prompt_tokens=1200,
+                          conversations=convs)
+    full, none = (config_seconds(prof, facts, 1, 1.0, share) for share in (1.0, 0.0))
+    assert full == pytest.approx(SLACK * (prof.seconds(1000) + 1.0 + prof.a + prof.extend_seconds(1000, 200)))
+    assert none == pytest.approx(SLACK * (prof.seconds(1000) + 1.0 + prof.seconds(1200)))
 
 
 @pytest.mark.parametrize("per_1k_s", [0.8, 1.6, 4.5, 12.0])

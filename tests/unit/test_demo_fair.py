@@ -9,12 +9,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from kvtier.bench.client import RequestRecord
 from kvtier.demo import companion
 from kvtier.demo.calibrate import Calibration, fit_profile
 from kvtier.demo.common import DemoOptions, ModelFacts
 from kvtier.demo.fair import same_requests
-from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
+from tests.unit.fake_openai_server import FakeBehavior
+from tests.unit.virtual_time import virtual_time  # noqa: F401
 from tests.unit.workload_fakes import WordTokenizer
 
 
@@ -57,16 +60,17 @@ def test_a_failed_request_is_not_common():
     assert not same.complete and same.common == 1 and same.counts["a"].failed == 1
 
 
-def _fake_start(delays: dict[str, float], started: list[str]):
+def _fake_start(vt, delays: dict[str, float], started: list[str]):
+    """Fake servers in virtual time (tests/unit/virtual_time.py): the bound and the delays are exact."""
     @contextmanager
     def start(spec, log_path, ready_timeout_s=None):
         started.append(spec.name)
-        with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=delays[spec.name])) as srv:
+        with vt.server(FakeBehavior(first_token_delay_s=delays[spec.name])) as srv:
             yield SimpleNamespace(base_url=srv.url)
     return start
 
 
-def test_demo_with_a_slow_server_is_partial_and_compares_the_same_requests(tmp_path):
+def test_demo_with_a_slow_server_is_partial_and_compares_the_same_requests(tmp_path, virtual_time):
     """A fake 'vanilla' that answers slowly hits the time bound: the demo says partial, and every
     configuration's figures are on exactly the requests all of them served."""
     fast = Calibration(profile=fit_profile([(256, 0.01), (1024, 0.04)]), startup_s=0.1, dtype="float32")
@@ -77,7 +81,7 @@ def test_demo_with_a_slow_server_is_partial_and_compares_the_same_requests(tmp_p
     figures = companion.run(base, tmp_path, facts, DemoOptions(quick=True, users=2, conversations=4,
                                                                history="workload"),
                             calibration=fast, tokenizer=WordTokenizer(),
-                            start_server=_fake_start({"vanilla": 0.5, "kvtier-ram": 0.0, "kvtier-ram-ssd": 0.0},
+                            start_server=_fake_start(virtual_time, {"vanilla": 0.5, "kvtier-ram": 0.01, "kvtier-ram-ssd": 0.01},
                                                      started))
     assert started == ["vanilla", "kvtier-ram", "kvtier-ram-ssd"]
     assert figures["complete"] is False
@@ -91,16 +95,16 @@ def test_demo_with_a_slow_server_is_partial_and_compares_the_same_requests(tmp_p
     saved = json.loads((tmp_path / "demo.json").read_text())
     assert saved["complete"] is False and saved["requests"] == counts
     assert "PARTIAL" in (tmp_path / "report.md").read_text()
-    assert figures["speedup_mean_ttft"] > 1.0   # 0.5 s vs 0 s first-token delay, on the same requests
+    assert figures["speedup_mean_ttft"] == pytest.approx(50.0)   # 0.5 s vs 0.01 s first TTFT, same requests
     assert figures["problems"] == []
 
 
-def test_demo_on_fast_servers_is_complete(tmp_path):
+def test_demo_on_fast_servers_is_complete(tmp_path, virtual_time):
     fast = Calibration(profile=fit_profile([(256, 0.01), (1024, 0.04)]), startup_s=0.1, dtype="float32")
     base = dataclasses.replace(companion.QUICK, min_bound_s=30.0, max_tokens=2)
     facts = ModelFacts(path=Path("/nonexistent"), kv_bytes_per_token=36_864, max_model_len=8192, dtype="float32")
     figures = companion.run(base, tmp_path, facts, DemoOptions(quick=True, users=2, conversations=3),
                             calibration=fast, tokenizer=WordTokenizer(),
-                            start_server=_fake_start({n: 0.0 for n in ("vanilla", "kvtier-ram", "kvtier-ram-ssd")}, []))
+                            start_server=_fake_start(virtual_time, {n: 0.001 for n in ("vanilla", "kvtier-ram", "kvtier-ram-ssd")}, []))
     assert figures["complete"] is True
     assert {c["ok"] for c in figures["requests"].values()} == {figures["planned_requests"]}
