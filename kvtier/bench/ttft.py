@@ -170,6 +170,34 @@ def _ideal_read(workdir: Path, hit_tokens: int, chunk: int, per_tok: int) -> "Ra
     return best_raw_read(workdir / "rawread", fbytes, chunks, inflight, piece)
 
 
+def _earlier(workdir: Path, role: str) -> dict | None:
+    f = _role_file(workdir, role)
+    try:
+        return json.loads(f.read_text()) if f.exists() else None
+    except ValueError:
+        return None
+
+
+def merge_rows(earlier: dict, now: dict | None) -> dict:
+    """A role re-run (``--resume``) on other lengths: its new rows, plus the earlier run's rows for
+    lengths it did not measure now (and both runs' violations and diagnosis)."""
+    if now is None:
+        return earlier
+    out = dict(now)
+    out["rows"] = {**{k: v for k, v in earlier.get("rows", {}).items() if k not in now.get("rows", {})},
+                   **now.get("rows", {})}
+    def length_of(v: str) -> str:          # violations read "<label> <length>: <what>"
+        parts = v.split(" ")
+        return parts[1].rstrip(":") if len(parts) > 1 else ""
+    out["violations"] = [v for v in earlier.get("violations", [])
+                         if length_of(v) not in now.get("rows", {})] + now.get("violations", [])
+    if "diag" not in out and "diag" in earlier:
+        out["diag"] = earlier["diag"]
+    out.setdefault("block_size", earlier.get("block_size"))
+    out.setdefault("chunk_size", earlier.get("chunk_size"))
+    return out
+
+
 def _seed(target, workdir: Path, log) -> dict:
     from kvtier.bench.shared_seed import seed_shared
 
@@ -229,7 +257,11 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int | dict[
             cfg_file.write_text(json.dumps(targets[kind].read))
             os.chmod(cfg_file, 0o600)
             extra += ("--shared", str(cfg_file), "--evict", os.pathsep.join(targets[kind].evict))
+        earlier = _earlier(workdir, role) if resume else None
         res, err = _run_engine(role, model, dtype, lengths, reps, workdir, limit, log, max_batched, extra)
+        if earlier is not None:
+            res = merge_rows(earlier, res)
+            _role_file(workdir, role).write_text(json.dumps(res))
         runs[role] = res
         if err:
             crashes[role] = err

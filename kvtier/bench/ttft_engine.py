@@ -47,7 +47,8 @@ SHARED_KINDS = ("sharedfs", "valkey", "mooncake")
 SHARED_ROLES = tuple(f"shared-r:{k}" for k in SHARED_KINDS)
 ROLES = ("vanilla", "kvtier-w", "kvtier-r", "example-w", "example-r") + SHARED_ROLES + \
     tuple(f"peer:{p}" for p in PEERS)
-DIAG_TAG = "diag"          # --diag: one extra prompt per hit role, timed under cProfile, not in the rows
+DIAG_TAG = "diag"          # --diag: extra prompts per hit role, timed under cProfile, not in the rows
+DIAG_LENGTH = 1024         # their length (fixed: a writer and its readers may run different --lengths)
 
 
 def bench_prompts(tok, length: int, repeats: int, tag: str = "") -> list[list[int]]:
@@ -195,6 +196,9 @@ def _check(role: str, row: dict, n: int, chunk: int, block: int) -> list[str]:
             bad += [f"{label} {n}: {v}" for v in verify_kvtier_hit(ev, tier)]
     for s in row.get("apc_hit", []):
         bad += [f"apc_hit {n}: {v}" for v in verify_prefix_cache_hit((n - 1) // block * block, s["cached"])]
+    for s in row.get("cold", []):          # a cold row that hit any cache measured no recompute
+        if s.get("cached"):
+            bad.append(f"cold {n}: {s['cached']} tokens came from a cache; a cold row must compute every token")
     return bad
 
 
@@ -308,7 +312,7 @@ def main(argv: list[str]) -> int:
         result["violations"] += _check(a.role, row, n, CHUNK, block)
         save()
     if a.diag and a.role in ("kvtier-w", "kvtier-r") + SHARED_ROLES:
-        result["diag"] = _diag(eng, a.role, tok, min(lengths), root, evict, block)
+        result["diag"] = _diag(eng, a.role, tok, DIAG_LENGTH, root, evict, block)
         save()
     if a.role == "kvtier-w" and not _flush_kvtier():
         result["violations"].append("kvtier store flush timed out at exit")

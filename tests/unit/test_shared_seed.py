@@ -134,3 +134,23 @@ def test_resume_takes_earlier_roles_and_reports_shared_columns(tmp_path: Path, m
     assert "kvtier valkey hit (fresh engine, empty local tiers)" in md and "earlier invocation" in md
     assert md.splitlines()[[i for i, l in enumerate(md.splitlines()) if l.startswith("| 1024")][0]].endswith(
         "0.900 |")
+
+
+def test_a_role_rerun_on_other_lengths_keeps_its_earlier_rows() -> None:
+    from kvtier.bench.ttft import merge_rows
+
+    earlier = {"rows": {"1024": {"cold": [{"s": 4}]}, "4096": {"cold": [{"s": 9}]}},
+               "violations": ["cold 4096: partial", "ram_hit 1024: bad"], "diag": {"length": 1024}}
+    now = {"rows": {"4096": {"cold": [{"s": 30}]}, "8192": {"cold": [{"s": 90}]}}, "violations": []}
+    m = merge_rows(earlier, now)
+    assert m["rows"] == {"1024": {"cold": [{"s": 4}]}, "4096": {"cold": [{"s": 30}]}, "8192": {"cold": [{"s": 90}]}}
+    assert m["violations"] == ["ram_hit 1024: bad"] and m["diag"] == {"length": 1024}
+    assert merge_rows(earlier, None) is earlier
+
+
+def test_a_cold_row_that_hit_a_cache_is_a_violation() -> None:
+    from kvtier.bench.ttft_engine import _check
+
+    assert _check("vanilla", {"cold": [{"s": 4.0, "cached": 0}]}, 1024, 256, 128) == []
+    bad = _check("kvtier-w", {"cold": [{"s": 0.5, "cached": 896, "kvtier": {}}]}, 1024, 256, 128)
+    assert any("cold 1024: 896 tokens came from a cache" in b for b in bad)
