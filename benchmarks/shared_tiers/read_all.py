@@ -39,12 +39,13 @@ def main() -> int:
     ap.add_argument("--workdir", type=Path, required=True, help="the bench ttft work directory of the write phase")
     ap.add_argument("--lengths", default="1024,4096,8192")
     ap.add_argument("--repeats", default="3,2,1")
-    ap.add_argument("--ttft-json", type=Path, required=True)
-    ap.add_argument("--ttft-md", type=Path, required=True)
-    ap.add_argument("--longdoc-out", type=Path, required=True)
-    ap.add_argument("--longdoc-json", type=Path, required=True)
+    ap.add_argument("--ttft-json", type=Path, default=None)
+    ap.add_argument("--ttft-md", type=Path, default=None)
+    ap.add_argument("--longdoc-out", type=Path, default=Path("/tmp/kvtier-longdoc-shared"))
+    ap.add_argument("--longdoc-json", type=Path, default=None)
     ap.add_argument("--full-longdoc", action="store_true", help="the full demo (3 documents of ~7.6K tokens)")
     ap.add_argument("--skip-ttft", action="store_true")
+    ap.add_argument("--skip-longdoc", action="store_true")
     ap.add_argument("--pool-gib", type=float, default=2.0)
     a = ap.parse_args()
     kinds = ["sharedfs", "valkey", "mooncake"]
@@ -55,12 +56,16 @@ def main() -> int:
             roles = ",".join(["kvtier-r", *(f"shared-r:{k}" for k in kinds)])
             rc |= run(["bench", "ttft", "--roles", roles, *ep.ttft_options(), "--lengths", a.lengths,
                        "--repeats", a.repeats, "--workdir", str(a.workdir), "--no-example", "--no-peers", "--resume",
-                       "--diag", "--json", str(a.ttft_json), "--md", str(a.ttft_md)])
+                       "--diag", *(["--json", str(a.ttft_json)] if a.ttft_json else []),
+                       *(["--md", str(a.ttft_md)] if a.ttft_md else [])])
+        if a.skip_longdoc:
+            return rc
         for d in (ep.write_dir, ep.read_dir):             # the demo's own directory on the volume
             d.parent.joinpath("kv-longdoc").mkdir(exist_ok=True)
         ep.write_dir, ep.read_dir = ep.write_dir.parent / "kv-longdoc", ep.read_dir.parent / "kv-longdoc"
         rc |= run(["demo", "longdoc", *ep.longdoc_options(kinds), "--out", str(a.longdoc_out),
-                   "--json", str(a.longdoc_json), *([] if a.full_longdoc else ["--quick"])])
+                   *(["--json", str(a.longdoc_json)] if a.longdoc_json else []),
+                   *([] if a.full_longdoc else ["--quick"])])
     return rc
 
 
