@@ -23,7 +23,7 @@ _MINUTES = typer.Option(None, "--minutes", min=0.5, max=600.0,
 _HISTORY = typer.Option("live", "--history", help="live: each turn carries the model's own earlier replies (as a "
                         "real chat client); workload: the workload's text (identical prompts for every server).")
 _LIGHT = typer.Option(None, "--light-users", min=0, max=64, help="Also run the three configurations at this lighter "
-                      "load (default 6; none with --quick; 0: none).")
+                      "load when the sized run has more users (default 6; none with --quick; 0: none).")
 _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
                                                         "on this machine instead of measuring.")
 
