@@ -10,7 +10,10 @@ server reports it (vLLM: ``--enable-prompt-tokens-details``), else ``None``.
 
 The generated text (``delta.content`` / ``text`` of every chunk, reasoning excluded) is kept in
 ``reply``: live-history replay (``kvtier.bench.history``) sends it back as the assistant message of
-the next turn, and the prompts actually sent can be rebuilt from the records.
+the next turn, and the prompts actually sent can be rebuilt from the records. When the server
+streams token ids (vLLM with ``return_token_ids: true`` in the body, e.g. through
+``ClientOptions.extra_body``) they are kept too: ``prompt_token_ids`` (the prompt as the server
+tokenized it) and ``token_ids`` (the generated ids), else both stay ``None``.
 
 Failures never raise: they are recorded as ``error_kind`` in
 {connect, timeout, http_<status>, disconnect, incomplete, stream_error, bad_response}.
@@ -54,6 +57,8 @@ class RequestRecord:
     history: str = "workload"                # whose assistant messages the prompt carried: workload | live
     history_fallbacks: int = 0               # live: earlier turns that failed, their workload text sent instead
     reply: str | None = None                 # the generated text as streamed (None: nothing arrived)
+    prompt_token_ids: list[int] | None = None  # only when the server streams them (vLLM return_token_ids)
+    token_ids: list[int] | None = None       # the generated ids, idem
 
     @property
     def ok(self) -> bool:
@@ -115,6 +120,17 @@ def _chunk_text(chunk: dict[str, Any]) -> tuple[bool, bool, str]:
     return bool(choices), has_text, text
 
 
+def _collect_ids(rec: RequestRecord, chunk: dict[str, Any]) -> None:
+    """Token ids a server streams on request (vLLM ``return_token_ids``): prompt ids once, generated per chunk."""
+    prompt = chunk.get("prompt_token_ids")
+    if isinstance(prompt, list) and rec.prompt_token_ids is None:
+        rec.prompt_token_ids = [int(t) for t in prompt]
+    for ch in chunk.get("choices") or []:
+        ids = ch.get("token_ids")
+        if isinstance(ids, list):
+            rec.token_ids = (rec.token_ids or []) + [int(t) for t in ids]
+
+
 def _apply_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
     rec.prompt_tokens = usage.get("prompt_tokens", rec.prompt_tokens)
     rec.output_tokens = usage.get("completion_tokens", rec.output_tokens)
@@ -170,6 +186,7 @@ async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k
                     has_choice, has_text, piece = _chunk_text(chunk)
                     if piece:
                         pieces.append(piece)
+                    _collect_ids(rec, chunk)
                     if has_choice and first_choice is None:
                         first_choice = now
                     if has_text:

@@ -20,9 +20,10 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
    only), ``ram_only_speedup``, ``complete`` and per-configuration request counts. A configuration
    cut short by its time bound makes the comparison partial (said in red): every configuration is
    then compared on exactly the requests all of them served (``kvtier.demo.fair``);
-4. unless --quick, the same three configurations at a lighter load (6 users, ``light_point`` in the
-   JSON, a section of the report), so the load-dependence of the ratios stays visible; the main
-   run is then sized for ``MAIN_SHARE`` of the target and the light point for the time left.
+4. unless --quick, when the sized run has more than 6 users, the same three configurations at 6
+   users (``light_point`` in the JSON, a section of the report), so the load-dependence of the
+   ratios stays visible: sized for the time the main run's estimate leaves of the target, at least
+   one conversation per user (so it can take the demo past the target; said in its estimate).
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from rich.markup import escape
 
 from kvtier.demo.calibrate import Calibration, obtain_calibration
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
-                                console, fmt_pct, fmt_s, fmt_x, ratio, red, write_json)
+                                console, ratio, red, write_json)
+from kvtier.demo.companion_report import append_figures_section, append_light_section
 from kvtier.demo.fair import SameRequests, same_requests
-from kvtier.demo.live import (LIGHT_USERS, MAIN_SHARE, engine_size, light_sizing, replay_options, sent_ideals,
+from kvtier.demo.live import (LIGHT_USERS, engine_size, light_sizing, replay_options, returning_turns, sent_ideals,
                               work_figures)
 from kvtier.demo.sizing import (Sizing, WorkloadFacts, conversation_facts, engine_kv_tokens, max_model_len,
                                 size_companion)
@@ -191,7 +193,7 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
     target = opts.target_s or base.target_s
     light = light_users(opts)
     with console.status("sizing the workload to this machine"):
-        sizing = choose_size(base, opts, cal, tokenizer, target * MAIN_SHARE if light else target)
+        sizing = choose_size(base, opts, cal, tokenizer, target)
     if light and light >= sizing.size.concurrency:
         console.print(f"[dim]no lighter load point: the run already has {sizing.size.concurrency} users[/]")
         light = 0
@@ -253,6 +255,7 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     ssd_s = (by_name["kvtier-ram-ssd"].get("summary") or {})
     ram_s = (by_name["kvtier-ram"].get("summary") or {})
     ideals = sent_ideals(result.runs, convs, tokenizer, DEMO_CHUNK_TOKENS, keys)
+    runs = {r.name: r for r in result.runs}
     ssd_ideal = ideals.get("kvtier-ram-ssd")
     live = opts.history == "live"
     ideal = (ssd_ideal.with_replies if ssd_ideal else None) if live else stats.ideal_hit_rate
@@ -261,7 +264,9 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
         "compared": {r["name"]: {**{k: (r["summary"] or {}).get(k) for k in ("requests_ok", "ttft_mean_s",
                                                                              "ttft_p90_s", "token_hit_rate")},
                                  **work_figures(r["summary"]),
-                                 "ideal": ideals[r["name"]].to_dict() if r["name"] in ideals else None}
+                                 "ideal": ideals[r["name"]].to_dict() if r["name"] in ideals else None,
+                                 "returning_turns": returning_turns(runs[r["name"]].records, runs[r["name"]].summary,
+                                                                    cal.profile, keys)}
                      for r in rows},
         "speedup_mean_ttft": ratio(van.get("ttft_mean_s"), ssd_s.get("ttft_mean_s")),
         "ram_only_speedup": ratio(van.get("ttft_mean_s"), ram_s.get("ttft_mean_s")),
@@ -281,34 +286,15 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     }
     if figures["token_hit_rate"] is not None and ideal:
         figures["hit_rate_vs_ideal"] = figures["token_hit_rate"] / ideal
+    figures["returning_turns_vs_bound"] = (figures["compared"]["kvtier-ram-ssd"]["returning_turns"] or {}).get(
+        "ttft_over_bound")
     write_json(out / "demo.json", figures)
+    append_figures_section(Path(result.report_path), figures)
     console.print(f"speedup (mean TTFT) RAM+SSD vs vanilla: [bold]{_x(figures['speedup_mean_ttft'])}[/]; "
                   f"RAM-only: {_x(figures['ram_only_speedup'])}; token hit rate {_p(figures['token_hit_rate'])} "
                   f"(ideal {_p(ideal)}" + (f", prompts only {_p(figures['ideal_hit_rate_prompts'])}" if live else "")
                   + ")" + ("" if same.complete else " [PARTIAL]"))
     return figures, problems
-
-
-def append_light_section(report: Path, lf: dict[str, Any], users: int) -> None:
-    """Add the lighter load point's table to the main report (its own report is in users<N>/)."""
-    lines = ["", f"## The same experiment at {users} users", "",
-             f"{lf['planned_requests']} requests, {lf['size']['conversations']} conversations; full report: "
-             f"[users{users}/report.md](users{users}/report.md)" + ("" if lf["complete"] else " (PARTIAL)"), "",
-             "| configuration | TTFT mean (s) | p90 | speedup (mean) | token hit rate | output tokens/s "
-             "| computed / request |", "|---|---|---|---|---|---|---|"]
-    base = (lf["compared"].get("vanilla") or {}).get("ttft_mean_s")
-    for name, c in lf["compared"].items():
-        lines.append(f"| {name} | {fmt_s(c.get('ttft_mean_s'))} | {fmt_s(c.get('ttft_p90_s'))} "
-                     f"| {fmt_x(ratio(base, c.get('ttft_mean_s')))} | {fmt_pct(c.get('token_hit_rate'))} "
-                     f"| {fmt_s(c.get('output_tokens_per_s'))} | {_n(c.get('computed_tokens_per_request'))} |")
-    lines.append(f"\nideal hit rate {fmt_pct(lf.get('ideal_hit_rate'))} ({lf['history']} history)\n")
-    tmp = report.with_name(f".{report.name}.tmp")
-    tmp.write_text(report.read_text() + "\n".join(lines))
-    tmp.replace(report)
-
-
-def _n(v: float | None) -> str:
-    return "-" if v is None else f"{v:.0f}"
 
 
 def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, history: str = "workload") -> None:

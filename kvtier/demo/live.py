@@ -9,6 +9,11 @@
   workload's text, identical prompts, ``size.max_tokens`` generated per request.
 * The live ideal hit rate comes from the prompts each configuration actually sent
   (``kvtier.bench.live_ideal``), restricted to the compared requests.
+* ``returning_turns``: the target's bound for a returning turn (turn > 0): the load time of its
+  cached prefix (cached tokens x this run's mean kvtier load seconds per loaded token, from the
+  connector's counters; 0 without kvtier) + the cold prefill of its new tokens alone (the
+  calibration's profile at prompt - previous prompt - previous reply tokens: the new user message
+  and the template around it); mean TTFT over the returning turns / mean bound.
 * ``light_sizing``: the same experiment (same token-length and think-time scales) at a lighter
   load (``users``), with as many conversations per user as the main run where the time left allows
   (at least one per user), so the load-dependence of the ratios stays visible.
@@ -30,8 +35,6 @@ from kvtier.demo.sizing import Sizing, WorkloadFacts, estimate, scaled
 REPLY_CAP_FACTOR = 5
 #: the lighter load point's users (the earlier reference runs measured 6 and 8 users)
 LIGHT_USERS = 6
-#: share of the demo's target wall time the main (default-load) run is sized for when the light point runs
-MAIN_SHARE = 0.62
 
 
 def engine_size(size: Any, history: str) -> Any:
@@ -76,6 +79,33 @@ def work_figures(summary: dict[str, Any] | None) -> dict[str, Any]:
                                                             "ttft_spread_s", "computed_tokens_per_request")}
                              for label, g in (s.get("by_prompt_length") or {}).items()},
     }
+
+
+def returning_turns(records: Sequence[Any], summary: dict[str, Any] | None, profile: Any,
+                    keys: set | None = None) -> dict[str, Any] | None:
+    """Returning turns' mean TTFT against their bound (module docstring); None without such turns."""
+    from kvtier.demo.fair import request_key
+
+    kv = ((summary or {}).get("server") or {}).get("kvtier") or {}
+    loaded = kv.get("kvtier_connector_loaded_tokens_total") or 0
+    per_token = (kv.get("kvtier_connector_load_seconds_sum") or 0.0) / loaded if loaded else 0.0
+    by_key = {request_key(r): r for r in records if r.ok}
+    ttft, bound, new_tokens = [], [], []
+    for (cid, k), r in by_key.items():
+        prev = by_key.get((cid, k - 1))
+        if k == 0 or prev is None or (keys is not None and (cid, k) not in keys):
+            continue
+        if r.prompt_tokens is None or prev.prompt_tokens is None or r.cached_tokens is None:
+            continue
+        new = max(1, r.prompt_tokens - prev.prompt_tokens - (prev.output_tokens or 0))
+        ttft.append(r.ttft_s)
+        bound.append(r.cached_tokens * per_token + profile.seconds(new))
+        new_tokens.append(new)
+    if not ttft:
+        return None
+    t, b = sum(ttft) / len(ttft), sum(bound) / len(bound)
+    return {"requests": len(ttft), "ttft_mean_s": t, "bound_mean_s": b, "ttft_over_bound": t / b if b > 0 else None,
+            "new_tokens_mean": sum(new_tokens) / len(new_tokens), "load_s_per_token": per_token}
 
 
 def light_sizing(base: Any, main: Sizing, cal: Calibration, facts_of: Callable[[Any], WorkloadFacts],

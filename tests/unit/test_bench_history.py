@@ -154,3 +154,17 @@ def test_summary_reports_computed_tokens_and_ttft_spread():
     assert b["requests"] == 2 and b["ttft_spread_s"] == pytest.approx(0.4 * 0.9 + 0.3 * 0.1 - (0.3 * 0.9 + 0.4 * 0.1))
     no_cached = summarize([_rec("c", 0, 0.0, "x", prompt_tokens=10)], duration_s=1.0)
     assert no_cached["computed_tokens_per_request"] is None
+
+
+def test_token_ids_a_server_streams_are_kept():
+    """vLLM with return_token_ids: prompt ids in the first chunk, generated ids per chunk."""
+    from kvtier.bench.client import _collect_ids
+
+    rec = RequestRecord(conversation_id="c", turn=0, api="chat", start_s=0.0)
+    _collect_ids(rec, {"choices": [{"delta": {"role": "assistant"}}], "prompt_token_ids": [1, 2, 3]})
+    _collect_ids(rec, {"choices": [{"delta": {"content": "a"}, "token_ids": [7]}]})
+    _collect_ids(rec, {"choices": [{"delta": {"content": "b c"}, "token_ids": [8, 9]}], "prompt_token_ids": [5]})
+    assert rec.prompt_token_ids == [1, 2, 3] and rec.token_ids == [7, 8, 9]
+    plain = RequestRecord(conversation_id="c", turn=0, api="chat", start_s=0.0)
+    _collect_ids(plain, {"choices": [{"delta": {"content": "a"}}]})
+    assert plain.prompt_token_ids is None and plain.token_ids is None

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from kvtier.bench.replay import read_records
 from kvtier.demo import companion
 from kvtier.demo.calibrate import Calibration, fit_profile
@@ -77,3 +79,21 @@ def test_quick_has_no_light_point_unless_asked():
     assert companion.light_users(DemoOptions(quick=True)) == 0
     assert companion.light_users(DemoOptions(quick=False)) == 6
     assert companion.light_users(DemoOptions(quick=False, light_users=0)) == 0
+
+
+def test_returning_turns_bound_uses_load_rate_and_new_tokens():
+    from kvtier.bench.client import RequestRecord
+    from kvtier.demo.live import returning_turns
+
+    profile = fit_profile([(256, 0.5), (1024, 2.0)])          # linear: about 2 ms per token
+    recs = [RequestRecord(conversation_id="c", turn=0, api="chat", start_s=0.0, ttft_s=1.0, prompt_tokens=300,
+                          cached_tokens=0, output_tokens=20),
+            RequestRecord(conversation_id="c", turn=1, api="chat", start_s=2.0, ttft_s=0.3, prompt_tokens=380,
+                          cached_tokens=256, output_tokens=20)]
+    summary = {"server": {"kvtier": {"kvtier_connector_loaded_tokens_total": 1000,
+                                     "kvtier_connector_load_seconds_sum": 0.1}}}
+    rt = returning_turns(recs, summary, profile)
+    assert rt["requests"] == 1 and rt["new_tokens_mean"] == 380 - 300 - 20
+    assert rt["bound_mean_s"] == pytest.approx(256 * 1e-4 + profile.seconds(60))
+    assert rt["ttft_over_bound"] == pytest.approx(0.3 / rt["bound_mean_s"])
+    assert returning_turns(recs[:1], summary, profile) is None
