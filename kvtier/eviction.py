@@ -13,21 +13,33 @@ its last child has left. Among leaves:
          victim (ageing, so once-hot chunks eventually leave). Cheap-to-recompute,
          rarely-hit, large chunks go first.
 
-Candidates sit in a heap with lazy invalidation: touching pushes a fresh entry,
-stale entries are skipped when popped, and the heap is rebuilt when it grows past
-four times the live entries, so every operation is O(log n) amortised.
+Contract of ``pick``: the leaf of least priority (``lru``: logical time of the last
+put/read, unique; ``cost``: ties broken by the order the leaf became a candidate) that
+``exclude`` does not reject.
+
+Data structures. ``cost``: candidates sit in a heap with lazy invalidation (touching
+pushes a fresh entry, stale entries are skipped when popped, the heap is rebuilt when it
+grows past four times the live entries): O(log n) amortised. ``lru``: every put/read
+gives a new, largest time, so the leaves live in an ``OrderedDict`` kept in time order
+(append / ``move_to_end``, O(1), no stale entries); the one exception — a parent that
+becomes a leaf again keeps its older time — goes to a small side heap unless it is newer
+than the last leaf of the dict, and ``pick`` merges the two. Typical pick, put and read
+are O(1); ``tests/unit/test_eviction_exact.py`` holds both policies to a reference
+implementation (a plain heap over all leaves) on random operation sequences.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Literal
 
 from kvtier.keys import ChunkKey
 
 PolicyName = Literal["lru", "cost"]
+_END = object()
 
 
 @dataclass(slots=True)
@@ -37,22 +49,32 @@ class _Entry:
     tokens: int
     depth: int
     hits: int = 1
-    stamp: int = 0          # seq of the heap item that is current for this entry
+    stamp: int = 0          # cost: seq of the heap item that is current for this entry
     prio: float = 0.0
 
 
 class EvictionPolicy:
-    """Tracks one tier's chunks and picks prefix-aware victims."""
+    """Tracks one tier's chunks and picks prefix-aware victims.
+
+    ``contains(key)``, ``has_children(key)`` (does any chunk in this tier name ``key`` as its
+    parent? lock-free: one dict lookup) and ``count()`` (= ``len``) are bound dict methods, no
+    Python frame: the simulator calls them millions of times."""
 
     def __init__(self, name: PolicyName = "lru") -> None:
         if name not in ("lru", "cost"):
             raise ValueError(f"unknown eviction policy {name!r}")
         self.name = name
+        self._lru = name == "lru"
         self._entries: dict[ChunkKey, _Entry] = {}
-        self._kids: dict[ChunkKey, set[ChunkKey]] = {}
-        self._heap: list[tuple[float, int, ChunkKey]] = []
+        self._kids: dict[ChunkKey, set[ChunkKey]] = {}     # a key is here only while it has children
+        self._heap: list[tuple] = []      # cost: (prio, stamp, key), lazy; lru: (prio, key) of _old leaves
+        self._order: OrderedDict[ChunkKey, None] = OrderedDict()   # lru: leaves, oldest first
+        self._old: dict[ChunkKey, float] = {}                      # lru: leaves kept in _heap instead
         self._seq = itertools.count()
         self._clock = 0.0   # lru: logical time; cost: GDSF inflation value L
+        self.contains: Callable[[object], bool] = self._entries.__contains__
+        self.has_children: Callable[[object], bool] = self._kids.__contains__
+        self.count: Callable[[], int] = self._entries.__len__
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -71,42 +93,120 @@ class EvictionPolicy:
         """Children of ``key`` present in this tier."""
         return set(self._kids.get(key, ()))
 
-    def has_children(self, key: ChunkKey) -> bool:
-        """Lock-free read (one dict lookup): does any chunk in this tier name ``key`` as parent?"""
-        return bool(self._kids.get(key))
-
     def is_leaf(self, key: ChunkKey) -> bool:
-        return not self._kids.get(key)
+        return key not in self._kids
 
-    def _priority(self, e: _Entry) -> float:
-        if self.name == "lru":
-            self._clock += 1.0
-            return self._clock
-        cost = e.tokens * (1.0 + e.depth * e.tokens / 4096.0)
-        return self._clock + e.hits * cost / max(e.size, 1)
+    # -- candidate bookkeeping ------------------------------------------------------------
 
-    def _push(self, key: ChunkKey, e: _Entry) -> None:
-        e.prio = self._priority(e)
+    def _cost_push(self, key: ChunkKey, e: _Entry) -> None:
+        e.prio = self._clock + e.hits * (e.tokens * (1.0 + e.depth * e.tokens / 4096.0)) / max(e.size, 1)
         e.stamp = next(self._seq)
         heapq.heappush(self._heap, (e.prio, e.stamp, key))
         if len(self._heap) > 4 * len(self._entries) + 64:
-            self._rebuild()
+            self._heap = [(e.prio, e.stamp, k) for k, e in self._entries.items() if k not in self._kids]
+            heapq.heapify(self._heap)
 
-    def _rebuild(self) -> None:
-        self._heap = [(e.prio, e.stamp, k) for k, e in self._entries.items() if self.is_leaf(k)]
-        heapq.heapify(self._heap)
+    def _unleaf(self, key: ChunkKey) -> None:
+        """lru: ``key`` got its first child (or left): no longer a candidate."""
+        if self._order.pop(key, _END) is _END:
+            self._old.pop(key, None)
+
+    def _releaf(self, key: ChunkKey, e: _Entry) -> None:
+        """A present chunk lost its last child: a candidate again, with its own priority."""
+        if not self._lru:
+            e.stamp = next(self._seq)
+            heapq.heappush(self._heap, (e.prio, e.stamp, key))
+            return
+        order = self._order
+        if not order or e.prio > self._entries[next(reversed(order))].prio:
+            order[key] = None
+            return
+        self._old[key] = e.prio
+        heapq.heappush(self._heap, (e.prio, key))
+        if len(self._heap) > 4 * len(self._old) + 64:
+            self._heap = [(p, k) for k, p in self._old.items()]
+            heapq.heapify(self._heap)
+
+    # -- operations -------------------------------------------------------------------------
 
     def add(self, key: ChunkKey, parent: ChunkKey | None, size: int, tokens: int = 1) -> None:
         """Record a new chunk (or refresh an existing one, counting a hit)."""
-        if key in self._entries:
+        entries = self._entries
+        if key in entries:
             self.touch(key)
             return
-        pe = self._entries.get(parent) if parent is not None else None
+        pe = entries.get(parent) if parent is not None else None
         e = _Entry(parent, size, tokens, pe.depth + 1 if pe else 0)
-        self._entries[key] = e
+        entries[key] = e
         if parent is not None:
-            self._kids.setdefault(parent, set()).add(key)
-        self._push(key, e)
+            kids = self._kids.get(parent)
+            if kids is None:
+                self._kids[parent] = {key}
+                if pe is not None and self._lru:
+                    self._unleaf(parent)
+            else:
+                kids.add(key)
+        if self._lru:
+            self._clock += 1.0
+            e.prio = self._clock
+            if key not in self._kids:     # (children may have arrived first)
+                self._order[key] = None
+        else:
+            self._cost_push(key, e)
+
+    def put_evicting(self, key: ChunkKey, parent: ChunkKey | None, size: int, tokens: int, capacity: int,
+                     exclude: Callable[[ChunkKey], bool] | None = None) -> tuple[bool, int]:
+        """A bounded tier's put in one call: a present ``key`` is touched; otherwise victims
+        (``pick(exclude)``, then ``remove``) leave until fewer than ``capacity`` chunks remain,
+        then ``key`` is added. Returns (present or added, victims removed); (False, n) when no
+        victim was left. Exactly those calls in that order (``test_eviction_exact.py``)."""
+        entries = self._entries
+        if key in entries:
+            self.touch(key)
+            return True, 0
+        n = 0
+        if not self._lru:
+            while len(entries) >= capacity:
+                v = self._pick_cost(exclude)
+                if v is None:
+                    return False, n
+                self.remove(v)
+                n += 1
+            self.add(key, parent, size, tokens)
+            return True, n
+        order, heap, old, kids = self._order, self._heap, self._old, self._kids
+        while len(entries) >= capacity:
+            # pick, inlined: the older of the dict's first leaf and the side heap's top
+            while heap and old.get(heap[0][1]) != heap[0][0]:
+                heapq.heappop(heap)
+            v = next(iter(order), None)
+            if heap and (v is None or heap[0][0] < entries[v].prio):
+                v = heap[0][1]
+            if v is None:
+                return False, n
+            if exclude is not None and exclude(v):
+                v = self.pick(exclude)
+                if v is None:
+                    return False, n
+            self.remove(v)
+            n += 1
+        # add, inlined
+        pe = entries.get(parent) if parent is not None else None
+        e = _Entry(parent, size, tokens, pe.depth + 1 if pe else 0)
+        entries[key] = e
+        if parent is not None:
+            pk = kids.get(parent)
+            if pk is None:
+                kids[parent] = {key}
+                if pe is not None and order.pop(parent, _END) is _END:
+                    old.pop(parent, None)
+            else:
+                pk.add(key)
+        self._clock += 1.0
+        e.prio = self._clock
+        if key not in kids:
+            order[key] = None
+        return True, n
 
     def set_parent(self, key: ChunkKey, parent: ChunkKey | None) -> None:
         """Fill in a parent learned later (a chunk discovered without its header)."""
@@ -116,14 +216,29 @@ class EvictionPolicy:
         if e.parent is not None:
             self._drop_edge(e.parent, key)
         e.parent = parent
-        self._kids.setdefault(parent, set()).add(key)
+        kids = self._kids.get(parent)
+        if kids is None:
+            self._kids[parent] = {key}
+            if self._lru and parent in self._entries:
+                self._unleaf(parent)
+        else:
+            kids.add(key)
 
     def touch(self, key: ChunkKey) -> None:
         e = self._entries.get(key)
         if e is None:
             return
         e.hits += 1
-        self._push(key, e)
+        if not self._lru:
+            self._cost_push(key, e)
+            return
+        self._clock += 1.0
+        e.prio = self._clock
+        order = self._order
+        if key in order:
+            order.move_to_end(key)
+        elif self._old.pop(key, _END) is not _END:
+            order[key] = None
 
     def _drop_edge(self, parent: ChunkKey, key: ChunkKey) -> None:
         kids = self._kids.get(parent)
@@ -134,36 +249,82 @@ class EvictionPolicy:
             del self._kids[parent]
             pe = self._entries.get(parent)
             if pe is not None:        # the parent just became a leaf: a candidate again
-                pe.stamp = next(self._seq)
-                heapq.heappush(self._heap, (pe.prio, pe.stamp, parent))
+                self._releaf(parent, pe)
 
     def remove(self, key: ChunkKey) -> None:
         e = self._entries.pop(key, None)
         if e is None:
             return
-        if e.parent is not None:
-            self._drop_edge(e.parent, key)
+        if self._lru and self._order.pop(key, _END) is _END:
+            self._old.pop(key, None)
+        parent = e.parent
+        if parent is not None:          # (_drop_edge, inlined: the simulator's hottest path)
+            kids = self._kids.get(parent)
+            if kids is not None:
+                kids.discard(key)
+                if not kids:
+                    del self._kids[parent]
+                    pe = self._entries.get(parent)
+                    if pe is not None:
+                        self._releaf(parent, pe)
 
     def pick(self, exclude: Callable[[ChunkKey], bool] | None = None) -> ChunkKey | None:
         """The next victim (a leaf), or None when no candidate is left. Does not remove it."""
-        skipped: list[tuple[float, int, ChunkKey]] = []
+        if not self._lru:
+            return self._pick_cost(exclude)
+        heap, old = self._heap, self._old
+        while heap and old.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)                       # stale: touched, re-parented or removed
+        if not heap:                                  # the common case: the dict alone, oldest first
+            if exclude is None:
+                return next(iter(self._order), None)
+            for k in self._order:
+                if not exclude(k):
+                    return k
+            return None
+        entries = self._entries
+        it = iter(self._order)
+        a = next(it, _END)
+        popped: list[tuple] = []
         victim = None
-        while self._heap:
-            item = heapq.heappop(self._heap)
+        while True:
+            while heap and old.get(heap[0][1]) != heap[0][0]:
+                heapq.heappop(heap)
+            if heap and (a is _END or heap[0][0] < entries[a].prio):
+                item = heapq.heappop(heap)
+                popped.append(item)
+                k = item[1]
+            elif a is not _END:
+                k = a
+                a = next(it, _END)
+            else:
+                break
+            if exclude is None or not exclude(k):
+                victim = k
+                break
+        for item in popped:
+            heapq.heappush(heap, item)
+        return victim
+
+    def _pick_cost(self, exclude: Callable[[ChunkKey], bool] | None) -> ChunkKey | None:
+        skipped: list[tuple] = []
+        victim = None
+        heap, entries, kids = self._heap, self._entries, self._kids
+        while heap:
+            item = heapq.heappop(heap)
             prio, stamp, key = item
-            e = self._entries.get(key)
-            if e is None or e.stamp != stamp or not self.is_leaf(key):
+            e = entries.get(key)
+            if e is None or e.stamp != stamp or key in kids:
                 continue
             if exclude is not None and exclude(key):
                 skipped.append(item)
                 continue
             victim = key
-            heapq.heappush(self._heap, item)   # stays current until remove()
-            if self.name == "cost":
-                self._clock = max(self._clock, prio)
+            heapq.heappush(heap, item)   # stays current until remove()
+            self._clock = max(self._clock, prio)
             break
         for item in skipped:
-            heapq.heappush(self._heap, item)
+            heapq.heappush(heap, item)
         return victim
 
     def descendants(self, key: ChunkKey) -> list[ChunkKey]:
@@ -180,4 +341,3 @@ class EvictionPolicy:
     def orphans(self, present: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
         """Chunks whose parent is not ``present`` (anywhere the caller checks)."""
         return [k for k, e in self._entries.items() if e.parent is not None and not present(e.parent)]
-

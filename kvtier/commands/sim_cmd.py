@@ -136,8 +136,7 @@ def simulate(
                              chunk_size=chunk_size, eviction=eviction, kv_bytes_per_token=kv_bytes_per_token,
                              vanilla=vanilla)
         trace = load_sim_trace(workload, prof, tokenizer, mooncake_block, mooncake_scale, max_requests)
-        bar, cb = _progress(trace.num_requests, progress and json_out is None or (json_out is not None
-                                                                              and str(json_out) != "-"))
+        bar, cb = _progress(trace.num_requests, progress and str(json_out) != "-")   # (stdout is the JSON)
         if bar is not None:
             with bar:
                 sim = run_sim(trace, prof, load, progress=cb)

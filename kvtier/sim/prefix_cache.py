@@ -69,6 +69,20 @@ class PrefixCacheModel:
             self.evictions += 1
         self.private += need
 
+    def grow(self, n: int = 1) -> bool:
+        """A running request needs ``n`` more blocks (decode crossed a block boundary): take
+        empty blocks, then evict the least recently freed cached ones; False (nothing taken)
+        when the pool has no room — vLLM then preempts."""
+        if self.empty + len(self._free) < n:
+            return False
+        take_empty = min(n, self.empty)
+        free = self._free
+        for _ in range(n - take_empty):
+            free.popitem(last=False)
+            self.evictions += 1
+        self.private += n
+        return True
+
     def commit(self, new_units: list[int]) -> list[int]:
         """The request computed ``new_units`` (full prompt units past its hit): cache them.
         Returns those now cached under this request (already-cached duplicates stay private)."""

@@ -40,6 +40,8 @@ class EngineProfile(_M):
     max_num_seqs: int = Field(default=256, ge=1, description="most running requests")
     kv_cache_tokens: int = Field(default=1_000_000, ge=0, description="vLLM KV cache (prefix cache) size in tokens")
     prefix_caching: bool = Field(default=True, description="vLLM's automatic prefix caching")
+    preemption: bool = Field(default=True, description="KV blocks allocated as tokens are computed, recompute "
+                             "preemption when full (vLLM v1); false: prompt + output reserved at admission")
     step_overhead_s: float = Field(default=0.004, ge=0)
     prefill_token_s: float = Field(default=5e-5, ge=0)
     prefill_attn_s: float = Field(default=0.0, ge=0)

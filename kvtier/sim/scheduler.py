@@ -7,12 +7,24 @@ budget, ``max_num_seqs`` and KV blocks allow. Admission looks the prompt up in v
 prefix cache (``PrefixCacheModel``) and then in kvtier (``StoreModel``: chunks past vLLM's
 own hit, loaded synchronously inside that step, so the whole step waits for the load).
 A prompt is never fully cached: at least its last token is computed, and hits are cut to
-whole blocks below ``prompt - 1`` (vLLM's rule). Full blocks enter the prefix cache at the end of the step that computed them. A request's
-first token is produced at
-the end of the step that completes its prefill (TTFT), then one token per step (outputs
-of exactly ``max_tokens``, like the replay's ``ignore_eos``). KV blocks for prompt and
-output are reserved at admission. Between events (arrival, prefill, finish) runs of pure
-decode steps are jumped over in closed form, so the cost is per request, not per token.
+whole blocks below ``prompt - 1`` (vLLM's rule). Full blocks enter the prefix cache at the
+end of the step that computed them. A request's first token is produced at the end of the
+step that completes its prefill (TTFT), then one token per step (outputs of exactly
+``max_tokens``, like the replay's ``ignore_eos``).
+
+KV blocks (``engine.preemption``, vLLM v1's recompute preemption): admission allocates the
+prompt's blocks; a decoding request takes one more block the step its context crosses a block
+boundary. When the pool (empty + evictable cached blocks) has none, the most recently
+admitted running request is preempted — its blocks freed (cached ones stay cached until
+evicted), put back at the head of the queue, later re-admitted to recompute its prompt plus
+the tokens it had generated (vLLM caches full output blocks too; the model does not, so a
+recompute re-hits the prompt only) — and no new request is admitted in that step. A request
+that alone cannot fit fails (``kv_cache_too_small``). With ``preemption: false`` the blocks
+for prompt and output are reserved at admission instead (no preemption).
+
+Between events (arrival, prefill, finish, a block allocation that fails) runs of pure decode
+steps are jumped over in closed form, so the cost is per request and per KV block, never per
+token.
 """
 
 from __future__ import annotations
@@ -51,7 +63,7 @@ class SimResult:
 
 class _Req:
     __slots__ = ("r", "send", "prompt", "out", "done", "remaining", "cached", "private", "units", "stored",
-                 "done_ctx", "ncommit")
+                 "done_ctx", "ncommit", "gen", "epoch", "g0", "alloc", "admitted")
 
     def __init__(self, r: int, send: float, prompt: int, out: int) -> None:
         self.r, self.send, self.prompt, self.out = r, send, prompt, out
@@ -61,6 +73,16 @@ class _Req:
         self.stored = 0          # chunks kvtier held at admission (saving starts after them)
         self.done_ctx = 0
         self.ncommit = 0         # units [0, ncommit) went through the prefix cache (hit or committed)
+        self.gen = 0             # tokens generated before a preemption (recomputed with the prompt)
+        self.epoch = 0           # +1 per preemption: heap entries of an earlier admission are stale
+        self.g0 = 0              # the step that completed this admission's prefill
+        self.alloc = 0           # KV blocks held (hit + private)
+        self.admitted = False    # the first admission's hits are what the request reports
+
+    @property
+    def plen(self) -> int:
+        """Tokens to prefill on this admission: the prompt plus what a preemption discarded."""
+        return self.prompt + self.gen
 
 
 class EngineSim:
@@ -143,11 +165,30 @@ class EngineSim:
                 if tr.conv_offsets[c + 1] > tr.conv_offsets[c]:
                     issue(int(tr.conv_offsets[c]), t0)
 
+        running: dict[int, _Req] = {}      # admission order (vLLM's running list): the last is preempted first
+        waiting: deque[_Req] = deque()
+        prefilling: list[_Req] = []
+        decode_heap: list[tuple[int, int, int, _Req]] = []   # (finish step, request index, epoch, req)
+        grow_heap: list[tuple[int, int, int, _Req]] = []     # (step needing one more block, r, epoch, req)
+        preempt_on = e.preemption
+        now = 0.0
+        G = 0                                   # engine steps done
+        n_dec = 0                               # decoding requests
+        ctx_base = 0                            # decode context = ctx_base + n_dec * G
+        steps = 0
+        preemptions = 0
+        B, max_seqs = e.max_num_batched_tokens, e.max_num_seqs
+        cost, cache, store = self.cost, self.cache, self.store
+        done_count = 0
+        blocked = False                          # the head of the queue waits for KV space
+        no_admit_step = -1                       # a preemption happened scheduling this step
+
         def finished(q: _Req, t: float) -> None:
             r = q.r
             e2e[r] = t - q.send + e.request_overhead_s
             ok[r] = True
             self.cache.release(q.cached, q.private)
+            running.pop(r, None)
             after_request(r, t)
 
         def after_request(r: int, t: float) -> None:
@@ -157,17 +198,86 @@ class EngineSim:
             elif ld.mode == "closed":
                 start_next_conversation(t)
 
-        now = 0.0
-        G = 0                                   # engine steps done
-        waiting: deque[_Req] = deque()
-        prefilling: list[_Req] = []
-        decode_heap: list[tuple[int, int, _Req]] = []   # (finish step, request index, req)
-        ctx_base = 0                            # decode context = ctx_base + D * G
-        steps = 0
-        B, max_seqs = e.max_num_batched_tokens, e.max_num_seqs
-        cost, cache, store = self.cost, self.cache, self.store
-        done_count = 0
-        blocked = False                          # the head of the queue waits for KV space
+        def pop_finished() -> None:
+            nonlocal ctx_base, n_dec, done_count, blocked
+            while decode_heap and decode_heap[0][0] <= G:
+                _, _, ep, q = heapq.heappop(decode_heap)
+                if ep != q.epoch:
+                    continue                                   # preempted since
+                ctx_base -= q.done_ctx
+                n_dec -= 1
+                finished(q, now)
+                done_count += 1
+                blocked = False
+
+        def next_finish() -> int:
+            while decode_heap[0][2] != decode_heap[0][3].epoch:
+                heapq.heappop(decode_heap)
+            return decode_heap[0][0]
+
+        def grow_until(s: int) -> _Req | None:
+            """Allocate the blocks decoding requests need up to step ``s``; the request whose
+            block the pool cannot give (its event stays queued), or None."""
+            while grow_heap and grow_heap[0][0] <= s:
+                gs, r, ep, q = grow_heap[0]
+                if ep != q.epoch:
+                    heapq.heappop(grow_heap)
+                    continue
+                if not cache.grow(1):
+                    return q
+                heapq.heappop(grow_heap)
+                q.alloc += 1
+                q.private += 1
+                if gs + U <= q.g0 + q.out - q.gen - 1:
+                    heapq.heappush(grow_heap, (gs + U, r, ep, q))
+            return None
+
+        def preempt(v: _Req, s: int, needy: _Req) -> None:
+            """vLLM's recompute preemption of ``v`` while scheduling step ``s``."""
+            nonlocal ctx_base, n_dec, preemptions, failed, blocked
+            del running[v.r]
+            v.epoch += 1
+            if v in prefilling:
+                prefilling.remove(v)
+            else:
+                n_dec -= 1
+                ctx_base -= v.done_ctx
+                v.gen += s - v.g0                             # tokens produced in steps g0 .. s-1
+            cache.release(v.cached, v.private)
+            v.cached, v.units, v.private, v.alloc, v.ncommit = [], [], 0, 0, 0
+            preemptions += 1
+            blocked = False
+            if v is needy and not running:                     # it alone overflows the pool: never fits
+                failed += 1
+                after_request(v.r, now)
+                return
+            waiting.appendleft(v)
+
+        def schedule_growth(s: int) -> bool:
+            """Blocks for step ``s``; preempts the newest running requests until they fit."""
+            any_pre = False
+            while (q := grow_until(s)) is not None:
+                any_pre = True
+                preempt(running[next(reversed(running))], s, q)
+            return any_pre
+
+        def start_decode(q: _Req) -> None:
+            """``q``'s prefill completed in step G (one token produced)."""
+            nonlocal ctx_base, n_dec, done_count
+            left = q.out - q.gen                               # tokens of this admission, incl. that one
+            if left <= 1:
+                finished(q, now)
+                done_count += 1
+                return
+            q.g0 = G
+            q.done_ctx = q.plen - G
+            ctx_base += q.done_ctx
+            n_dec += 1
+            heapq.heappush(decode_heap, (G + left - 1, q.r, q.epoch, q))
+            if preempt_on:
+                gs = G + q.alloc * U - q.plen + 1                # first step whose KV overflows its blocks
+                if gs <= G + left - 1:
+                    heapq.heappush(grow_heap, (gs, q.r, q.epoch, q))
 
         while True:
             yield now
@@ -177,31 +287,35 @@ class EngineSim:
                 sent[r] = True
                 waiting.append(_Req(r, t, int(tr.prompt_tokens[r]), int(out_tokens[r])))   # (an arrival
                 # frees no KV block: a blocked queue head stays blocked until a request finishes)
-            D = len(decode_heap)
+            D = n_dec
             if not prefilling and not D and not waiting:
                 if not arrivals:
                     break
                 now = arrivals[0][0]
                 continue
             if not prefilling and D and (not waiting or blocked or D >= max_seqs):
-                # pure decode until the next finish or the next arrival
-                k = decode_heap[0][0] - G
+                # pure decode until the next finish, arrival or failing block allocation
+                k = next_finish() - G
                 ctx = ctx_base + D * G
                 if arrivals:
                     k = min(k, cost.decode_steps_until(arrivals[0][0] - now, D, ctx))
+                if grow_heap and grow_heap[0][0] <= G + k and grow_until(G + k) is not None:
+                    k = grow_heap[0][0] - 1 - G                 # run up to the step that cannot get its block
+                    if k < 1:
+                        schedule_growth(G + 1)
+                        no_admit_step = G + 1
+                        continue
                 now += cost.decode_run(k, D, ctx)
                 G += k
                 steps += k
-                while decode_heap and decode_heap[0][0] <= G:
-                    _, _, q = heapq.heappop(decode_heap)
-                    ctx_base -= q.done_ctx
-                    finished(q, now)
-                    done_count += 1
-                    blocked = False
+                pop_finished()
                 if progress is not None:
                     progress(done_count)
                 continue
-            # one mixed step
+            # one mixed step (step G + 1)
+            if grow_heap and grow_heap[0][0] <= G + 1 and schedule_growth(G + 1):
+                no_admit_step = G + 1
+            D = n_dec
             budget = B - D
             P = 0
             pairs = 0.0
@@ -215,8 +329,9 @@ class EngineSim:
                 q.remaining -= take
                 P += take
                 budget -= take
-            running = D + len(prefilling)
-            while waiting and budget > 0 and running < max_seqs and not blocked:
+            n_running = D + len(prefilling)
+            admit = no_admit_step != G + 1
+            while admit and waiting and budget > 0 and n_running < max_seqs and not blocked:
                 q = waiting[0]
                 lt = self._admit(q, tiers, load_arr, tier_keys)
                 if lt is None:
@@ -228,20 +343,24 @@ class EngineSim:
                     blocked = True
                     break
                 waiting.popleft()
+                running[q.r] = q
                 load_t += lt
                 prefilling.append(q)
-                running += 1
+                n_running += 1
                 take = min(q.remaining, budget)
                 pairs += cost.pairs(q.done, take)
                 q.done += take
                 q.remaining -= take
                 P += take
                 budget -= take
-            if P == 0 and D == 0:
-                if blocked and not prefilling:
+            if P == 0 and D == 0 and not prefilling:
+                if blocked:
                     blocked = False             # nothing running and still blocked: retry next round
                     if arrivals:
                         now = max(now, arrivals[0][0])
+                    continue
+                if not admit:                   # everything was preempted: admit next round
+                    no_admit_step = -1
                     continue
             now += cost.step(P, pairs, D, ctx_base + D * G) + load_t
             G += 1
@@ -252,28 +371,18 @@ class EngineSim:
                     self._commit(q, q.done // self.U)       # vLLM caches full blocks as each step computes them
                     still.append(q)
                     continue
-                r = q.r
-                ttft[r] = now - q.send + e.request_overhead_s
+                if q.gen == 0:
+                    ttft[q.r] = now - q.send + e.request_overhead_s
                 self._complete_prefill(q)
-                if q.out <= 1:
-                    finished(q, now)
-                    done_count += 1
-                else:
-                    q.done_ctx = q.prompt - G
-                    ctx_base += q.done_ctx
-                    heapq.heappush(decode_heap, (G + q.out - 1, r, q))
+                start_decode(q)
             prefilling = still
-            while decode_heap and decode_heap[0][0] <= G:
-                _, _, q = heapq.heappop(decode_heap)
-                ctx_base -= q.done_ctx
-                finished(q, now)
-                done_count += 1
-                blocked = False
+            pop_finished()
             if progress is not None and steps % 256 == 0:
                 progress(done_count)
         if progress is not None:
             progress(done_count)
-        counters = {"steps": steps, "gpu_evictions": cache.evictions, "failed_admission": failed}
+        counters = {"steps": steps, "gpu_evictions": cache.evictions, "failed_admission": failed,
+                    "preemptions": preemptions}
         if store is not None:
             counters["promotions"] = store.promotions
             for t in store.tiers:
@@ -286,13 +395,14 @@ class EngineSim:
                                 steps=steps, counters=counters)
 
     def _admit(self, q: _Req, tiers: dict[str, np.ndarray], load_arr: np.ndarray, tier_keys: list[str]) -> float | None:
-        """Look the prompt up, reserve KV blocks; the synchronous kvtier load time, or None
-        when the KV cache has no room now."""
+        """Look the prompt up, allocate KV blocks; the synchronous kvtier load time, or None
+        when the KV cache has no room now. The first admission's hits are recorded."""
         U, cu, tr = self.U, self.chunk_units, self.trace
+        plen = q.prompt + q.gen
         units = tr.hashes[tr.hoffsets[q.r]:tr.hoffsets[q.r + 1]].tolist()
-        max_hit = min(len(units), (q.prompt - 1) // U)
+        max_hit = min(len(units), (plen - 1) // U)
         gpu_hit = self.cache.match(units[:max_hit])
-        total_units = -(-(q.prompt + q.out) // U)
+        total_units = -(-plen // U) if self.profile.engine.preemption else -(-(q.prompt + q.out) // U)
         hit = units[:gpu_hit]
         ext_units, where, keys = 0, [], []
         if self.store is not None:
@@ -310,23 +420,30 @@ class EngineSim:
         q.cached = list(hit[:gpu_hit])
         q.ncommit = gpu_hit
         q.private = total_units - gpu_hit
+        q.alloc = total_units
         q.units = units
         r = q.r
-        tiers["gpu"][r] = gpu_hit * U
+        first = not q.admitted
+        q.admitted = True
+        if first:
+            tiers["gpu"][r] = gpu_hit * U
         load_t = 0.0
         if ext_units > gpu_hit:
-            first, last = gpu_hit // cu, -(-ext_units // cu)       # chunks overlapping the claim
-            ks, ws = keys[first:last], where[first:last]
+            first_c, last_c = gpu_hit // cu, -(-ext_units // cu)       # chunks overlapping the claim
+            ks, ws = keys[first_c:last_c], where[first_c:last_c]
             load_t = self.store.read(ks, ws)
-            for j, w in zip(range(first, last), ws):
-                n_units = min((j + 1) * cu, ext_units) - max(j * cu, gpu_hit)
-                tiers[tier_keys[w]][r] += n_units * U
-        load_arr[r] = load_t
+            if first:
+                for j, w in zip(range(first_c, last_c), ws):
+                    n_units = min((j + 1) * cu, ext_units) - max(j * cu, gpu_hit)
+                    tiers[tier_keys[w]][r] += n_units * U
+        if first:
+            load_arr[r] = load_t
         q.done = len(hit) * U
-        q.remaining = q.prompt - q.done
+        q.remaining = plen - q.done
         return load_t
 
     def _commit(self, q: _Req, upto: int) -> None:
+        upto = min(upto, len(q.units))
         if upto > q.ncommit:
             newly = self.cache.commit(q.units[q.ncommit:upto])
             q.cached.extend(newly)

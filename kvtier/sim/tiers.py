@@ -6,8 +6,8 @@ in exactly the store's order. ``StoreModel`` mirrors ``TieredStore``: lookup = l
 prefix held by some tier (RAM, then SSD, then shared); a read touches the chunk in the
 tier that served it and counts it toward promotion into RAM (at the ``promote_min_hits``-th
 read from a lower tier, off the critical path); a save is write-through to every tier; a
-tier never evicts the last copy of a chunk whose children live in another tier, and a chunk
-that left every tier takes its descendants with it (``TieredStore._cascade``).
+tier never evicts the last copy of a chunk whose children live in another tier (so the store's
+cascade — a chunk that left every tier takes its descendants — never has work here).
 Read time per tier touched: ``op_latency_s + chunks * (chunk_latency_s + chunk_bytes / read_bw)``.
 """
 
@@ -51,6 +51,8 @@ class StoreModel:
     promote_min_hits: int = 2
     _lower_hits: dict[int, int] = field(default_factory=dict)
     promotions: int = 0
+    _guard_cache: list = field(default_factory=list)
+    _parent: list = field(default_factory=lambda: [None])   # the parent of the chunk being put
 
     @classmethod
     def open(cls, speeds: dict[str, TierProfile], chunk_bytes: int, chunk_tokens: int, policy: PolicyName,
@@ -60,15 +62,22 @@ class StoreModel:
         return cls(tiers, promote_min_hits)
 
     def present(self, key: int) -> bool:
-        return any(key in t for t in self.tiers)
+        return any(t.policy.contains(key) for t in self.tiers)
 
     def lookup(self, keys: list[int]) -> list[int]:
         """Tier index serving each chunk of the longest available prefix."""
         out: list[int] = []
-        tiers = self.tiers
+        has = [t.policy.contains for t in self.tiers]
+        if len(has) == 1:
+            h0 = has[0]
+            for k in keys:
+                if not h0(k):
+                    break
+                out.append(0)
+            return out
         for k in keys:
-            for i, t in enumerate(tiers):
-                if k in t.policy:
+            for i, h in enumerate(has):
+                if h(k):
                     out.append(i)
                     break
             else:
@@ -77,67 +86,87 @@ class StoreModel:
 
     def read(self, keys: list[int], where: list[int]) -> float:
         """Load ``keys`` from the tiers ``where`` names; returns the synchronous load time."""
-        counts = [0] * len(self.tiers)
-        ram = self.tiers[0] if self.tiers and self.tiers[0].name == "ram" else None
+        tiers = self.tiers
+        counts = [0] * len(tiers)
+        ram = tiers[0] if tiers and tiers[0].name == "ram" else None
+        touch = [t.policy.touch for t in tiers]
+        lower = self._lower_hits
         for j, (k, i) in enumerate(zip(keys, where)):
             counts[i] += 1
-            self.tiers[i].policy.touch(k)
+            touch[i](k)
             if ram is not None and i > 0:
-                c = self._lower_hits.get(k, 0) + 1
+                c = lower.get(k, 0) + 1
                 if c >= self.promote_min_hits:
-                    self._lower_hits.pop(k, None)
+                    lower.pop(k, None)
                     parent = keys[j - 1] if j else None
-                    if parent is None or parent in ram.policy:
+                    if parent is None or ram.policy.contains(parent):
                         self._put(0, k, parent)
                         self.promotions += 1
                 else:
-                    self._lower_hits[k] = c
-        return sum(t.read_time(n) for t, n in zip(self.tiers, counts))
+                    lower[k] = c
+        return sum(t.read_time(n) for t, n in zip(tiers, counts) if n)
 
     def save(self, keys: list[int], start: int) -> None:
         """Write-through of chunks ``keys[start:]`` (``keys`` = the prompt's whole chain)."""
-        n_tiers = range(len(self.tiers))
+        if start >= len(keys):
+            return
+        parent = keys[start - 1] if start else None
+        if parent is not None and not self.present(parent):
+            return                             # orphan put: refused, like TieredStore.put
+        guards = self._guards()
+        live = [(t, t.policy.put_evicting, t.chunk_bytes, t.chunk_tokens, t.capacity_chunks, g)
+                for t, g in zip(self.tiers, guards) if t.capacity_chunks > 0]
+        cell = self._parent
         for j in range(start, len(keys)):
-            parent = keys[j - 1] if j else None
-            if j == start and parent is not None and not self.present(parent):
-                return                         # orphan put: refused, like TieredStore.put
+            key = keys[j]
+            cell[0] = parent
             stored = False
-            for i in n_tiers:
-                stored = self._put(i, keys[j], parent) or stored
+            for t, put, size, tokens, cap, keep in live:
+                ok, n = put(key, parent, size, tokens, cap, keep)
+                if n:
+                    t.evictions += n
+                if ok:
+                    stored = True
             if not stored:
                 return                         # the rest would be orphans
+            parent = key
+
+    def _guards(self) -> list:
+        """Per tier, the store's eviction guard for the chunk being put (its parent in
+        ``self._parent``): never the new chunk's parent, nor the last copy of a chunk whose
+        children live in another tier. Rebuilt when tiers were added (a cluster's shared tier)."""
+        cache = self._guard_cache
+        if len(cache) != len(self.tiers):
+            cache.clear()
+            for t in self.tiers:
+                pols = [o.policy for o in self.tiers if o is not t]
+                cache.append(self._guard([p.contains for p in pols], [p.has_children for p in pols]))
+        return cache
+
+    def _guard(self, contains: list, kids: list):
+        cell = self._parent
+
+        def keep(k: int) -> bool:
+            if k == cell[0]:
+                return True
+            for h in kids:
+                if h(k):
+                    for c in contains:
+                        if c(k):
+                            return False
+                    return True
+            return False
+        return keep
 
     def _put(self, i: int, key: int, parent: int | None) -> bool:
         tier = self.tiers[i]
-        pol = tier.policy
-        if key in pol:
-            pol.touch(key)
-            return True
-        cap = tier.capacity_chunks
-        if cap <= 0:
+        if tier.capacity_chunks <= 0:
             return False
-        if len(pol) >= cap:
-            others = [t.policy for t in self.tiers if t is not tier]
-
-            def keep(k: int) -> bool:   # never the new chunk's parent, nor the last copy of a chunk
-                return k == parent or (  # whose children live in another tier
-                    any(o.has_children(k) for o in others) and not any(k in o for o in others))
-            while len(pol) >= cap:
-                victim = pol.pick(exclude=keep)
-                if victim is None:
-                    return False
-                pol.remove(victim)
-                tier.evictions += 1
-                if not any(victim in o for o in others):
-                    self._cascade(victim)
-        pol.add(key, parent, tier.chunk_bytes, tier.chunk_tokens)
-        return True
-
-    def _cascade(self, key: int) -> None:
-        work = [key]
-        while work:
-            k = work.pop()
-            for t in self.tiers:
-                for child in t.policy.descendants(k):
-                    t.policy.remove(child)
-                    work.append(child)
+        self._parent[0] = parent
+        ok, n = tier.policy.put_evicting(key, parent, tier.chunk_bytes, tier.chunk_tokens, tier.capacity_chunks,
+                                         self._guards()[i])
+        # (TieredStore._cascade — descendants of a chunk that left every tier — has nothing to do
+        # here: a victim is a leaf in its tier and the guard refuses one with children in another
+        # tier unless it has a copy there.)
+        tier.evictions += n
+        return ok

@@ -27,7 +27,23 @@ import numpy as np
 from kvtier.sim.hashing import prefix_hashes
 from kvtier.workload.format import WorkloadError, load_workload
 from kvtier.workload.stats import iter_request_prompts
-from kvtier.workload.tokens import TokenCounter
+from kvtier.workload.tokens import ApproxTokenizer, TokenCounter
+
+
+class _MemoApprox(ApproxTokenizer):
+    """The chars/4 approximation, encoding each distinct message once: every turn of a
+    conversation re-renders its whole history, so plain encoding is quadratic in turns.
+    Same ids as ``ApproxTokenizer`` (encode is a pure function of the text)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._memo: dict[str, list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._memo.get(text)
+        if ids is None:
+            ids = self._memo[text] = super().encode(text)
+        return ids
 
 
 @dataclass(frozen=True)
@@ -130,7 +146,7 @@ def load_workload_trace(path: Path, *, unit_tokens: int, tokenizer: TokenCounter
         wl = wl.model_copy(update={"conversations": kept})
         convs = kept
     prompts: dict[tuple[int, int], list[int]] = {}
-    for ci, k, ids in iter_request_prompts(wl, tokenizer):
+    for ci, k, ids in iter_request_prompts(wl, tokenizer if tokenizer is not None else _MemoApprox()):
         prompts[(ci, k)] = ids
     offs = np.zeros(len(convs) + 1, dtype=np.int64)
     np.cumsum([len(c.turns) for c in convs], out=offs[1:])
