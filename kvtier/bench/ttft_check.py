@@ -5,8 +5,8 @@ A "kvtier RAM hit" / "kvtier SSD hit" time counts only if, for that very request
     cannot have come from vLLM's own cache;
   - vLLM itself reports the expected number of prompt tokens as cached (``num_cached_tokens``);
   - kvtier's own counters agree: the connector copied exactly those tokens into vLLM's blocks,
-    every chunk read was served by the tier of that name and none by another tier, and no load
-    error was counted.
+    every chunk read was served by the tier of that name and none by another tier (for a shared
+    tier: none by this engine's own RAM or SSD), and no load error was counted.
 ``verify_kvtier_hit`` returns the list of violations (empty = the row is what it claims).
 """
 
@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TIERS = ("memory", "disk")
+LOCAL_TIERS = ("memory", "disk")
+SHARED_TIERS = ("sharedfs", "valkey", "mooncake")
+TIERS = LOCAL_TIERS + SHARED_TIERS
 
 
 def expected_hit_tokens(prompt_tokens: int, chunk_tokens: int, block_tokens: int) -> int:

@@ -2,18 +2,25 @@
 per run, several scenarios per engine, float32 so outputs compare token for token.
 
     python tests/integration/drill_driver.py ROLE --model DIR --out OUT.json [--config JSON] [--log LOG]
+        [--kv-tokens N] [--block-size N] [--docs N]
 
 ROLE:
   reference  no kvtier, prefix caching off: greedy outputs of every prompt set (and the turns)
-  crash      kvtier on --config: computes the "docs" set twice over (heavy saves, fsync per
-             file), prints "SAVING" after the last batch and keeps saving: the test kills -9 it
+  crash      kvtier on --config, a small engine KV space (--kv-tokens), vLLM's prefix cache off (a
+             preempted request's blocks must come back from kvtier, not from vLLM's freed blocks):
+             "docs" (five long prompts at once: vLLM preempts), then kvtier's own state in the worker
+             process is audited (pins, staging buffers, queued writes) and written to OUT; then
+             "docs" reversed (more chunks to save, fsync per file), prints "SAVING" and keeps
+             saving: the test kills -9 it
   restart    kvtier on the crashed engine's directory: "docs" again (every claim loaded or a
              counted failure), then a multi-turn chat under a disk budget far below its working set
-  faults     kvtier, SSD on a small tmpfs (--mount): "full" (saves dropped: ENOSPC), then "slow"
-             (a stored prompt whose loads are slower than the load timeout, batched with a miss),
-             then the mount is remounted read-only and "ro" runs (saves fail, serving continues)
-  plain      kvtier on --config: "docs" (namespace change / read-only start / concurrent writers)
-Output: {"phases": {name: {"outputs": [[ids]...], "log": [request-log events], "t": seconds}}}.
+  faults     kvtier, SSD on a small tmpfs: "full" (saves dropped: ENOSPC), then "slow" (a stored
+             prompt whose loads are slower than the load timeout, batched with a miss), then a
+             read-only tmpfs over the namespace's tmp/ and "ro" runs (saves fail, serving continues)
+  plain      kvtier on --config: the first --docs prompts of "docs" (namespace change, read-only
+             start, concurrent writers)
+Output: {"phases": {name: {"outputs": [[ids]...], "log": [request-log events], "t": seconds}},
+         "audit": {...}, "preemptions": N} (the last two: crash only).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import time
 from pathlib import Path
 
 MAX_TOKENS = 8
-MAX_MODEL_LEN = 2048
+MAX_MODEL_LEN = 1024
 MAX_BATCHED = 512            # chunked prefill
 _TEXT = ("The river rose in spring and the mill turned day and night; the miller kept a ledger of "
          "every sack, every price and every debt, and the village read it like a chronicle. ")
@@ -44,12 +51,14 @@ def _tokens(tok, seed: str, n: int) -> list[int]:
 
 def prompt_sets(tok) -> dict[str, list[list[int]]]:
     return {
-        "docs": [_tokens(tok, f"doc-{i}", 700 + 100 * i) for i in range(4)],
-        "full0": [_tokens(tok, "full-0", 900)],
-        "full12": [_tokens(tok, f"full-{i}", 900) for i in (1, 2)],
-        "slow": [_tokens(tok, "full-0", 900), _tokens(tok, "slow-miss", 600)],
-        "ro": [_tokens(tok, f"ro-{i}", 500) for i in range(2)],
-        "chat0": [_tokens(tok, f"chat-{i}", 400) for i in range(4)],
+        # 4 blocks less 4 tokens each: two fill the crash engine's 8-block KV space, and the first to
+        # decode past its 4th block preempts the other (which finds its 3 saved chunks on re-admission)
+        "docs": [_tokens(tok, f"doc-{i}", 508) for i in range(5)],
+        "full0": [_tokens(tok, "full-0", 400)],                 # 3 chunks; the tmpfs holds 2
+        "full12": [_tokens(tok, f"full-{i}", 400) for i in (1, 2)],
+        "slow": [_tokens(tok, "full-0", 400), _tokens(tok, "slow-miss", 300)],
+        "ro": [_tokens(tok, f"ro-{i}", 300) for i in range(2)],
+        "chat0": [_tokens(tok, f"chat-{i}", 260) for i in range(4)],   # 12 chunks over 3 turns
     }
 
 
@@ -103,6 +112,48 @@ def _wait_saved(root: Path, timeout: float = 60.0) -> None:
         time.sleep(0.3)
 
 
+def audit_worker(worker) -> dict:
+    """Runs in vLLM's worker process (``collective_rpc``) after every request finished: kvtier's
+    own state there. Waits for queued writes first (``store.flush``)."""
+    import gc
+    import warnings
+
+    from kvtier.store import TieredStore
+    from kvtier.tiers.memory import MemoryTier
+    from kvtier.tiers.writer import WriterPool
+
+    with warnings.catch_warnings():         # isinstance() on every object touches torch's deprecated aliases
+        warnings.simplefilter("ignore")
+        objs = gc.get_objects()
+        stores = [o for o in objs if isinstance(o, TieredStore) and not o._closed]
+        ws = sys.modules.get("kvtier.integrations.vllm.worker_side")     # loaded where a connector runs
+        sides = [o for o in objs if isinstance(o, ws.WorkerSide)] if ws else []
+        mems = [o for o in objs if isinstance(o, MemoryTier) and o._slab is not None]
+        pools = [o for o in objs if isinstance(o, WriterPool)]
+    flushed = all(s.flush(60) for s in stores)
+    return {
+        "stores": len(stores), "flushed": flushed, "worker_sides": len(sides), "memory_tiers": len(mems),
+        "writer_pools": len(pools), "prefetch_depth": ws.PREFETCH_DEPTH if ws else None,
+        "load_buffers": [len(w._buffers) for w in sides],
+        "async_buffers": [w._async_buf is not None for w in sides],
+        "failed_reqs": sum(len(w._failed_reqs) for w in sides),
+        "load_errors_pending": sum(len(w._load_errors) for w in sides),
+        "pinned_slots": sum(sum(1 for n in m._pins if n) for m in mems),
+        "slots": sum(len(m._pins) for m in mems),
+        "slots_free_or_owned": sum(len(set(m._free)) + len(m._entries) for m in mems),
+        "ram_used": sum(m._used for m in mems), "ram_capacity": sum(m.capacity for m in mems),
+        "writes_pending": sum(len(p._pending) for p in pools),
+        "writes_inflight": sum(p._inflight for p in pools),
+        "staging_buffers": sum(p._staging_count for p in pools),
+        "staging_free": sum(len(p._staging_free) for p in pools),
+    }
+
+
+def preemptions(llm) -> int:
+    """vLLM's own count of preempted requests (its Prometheus counter in this process)."""
+    return int(sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics() if m.name.startswith("vllm:num_preemptions")))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["reference", "crash", "restart", "faults", "plain"])
@@ -111,19 +162,30 @@ def main() -> int:
     ap.add_argument("--config", help="kvtier config as JSON")
     ap.add_argument("--log")
     ap.add_argument("--block-size", type=int, default=None)
+    ap.add_argument("--kv-tokens", type=int, default=None, help="engine KV space in tokens (default 1 GiB)")
+    ap.add_argument("--docs", type=int, default=None, help="plain: the first N prompts of docs")
     args = ap.parse_args()
 
+    from kvtier.compute import kv_bytes_per_token
     from kvtier.runtime import apply_vllm_env
 
-    apply_vllm_env(kv_cache_space_gib=1)
+    kv_gib = 1.0
+    if args.kv_tokens:
+        kv_gib = args.kv_tokens * kv_bytes_per_token(Path(args.model), "float32") / 2**30
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # collective_rpc(audit_worker)
+    apply_vllm_env(kv_cache_space_gib=kv_gib)
     from kvtier.engine import make_llm
     from kvtier.server import kv_transfer_config
 
     log_path = Path(args.log) if args.log else None
     kvt = kv_transfer_config(json.loads(args.config)) if args.config else None
-    extra = {"block_size": args.block_size} if args.block_size else {}
+    extra: dict = {"block_size": args.block_size} if args.block_size else {}
+    if args.kv_tokens:
+        from kvtier.runtime import kv_cache_bytes
+
+        extra.update(kv_cache_memory_bytes=kv_cache_bytes(kv_gib), disable_log_stats=False)
     llm = make_llm(args.model, dtype="float32", max_model_len=MAX_MODEL_LEN, kv_transfer_config=kvt,
-                   max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=args.role != "reference",
+                   max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=args.role not in ("reference", "crash"),
                    seed=0, **extra)
     tok = llm.get_tokenizer()
     P = prompt_sets(tok)
@@ -136,7 +198,10 @@ def main() -> int:
             ph.run(name, P[name])
         ph.result["chat"] = chat(None, llm, P["chat0"], tok)
     elif args.role == "crash":
-        ph.run("docs", P["docs"])
+        ph.run("docs", P["docs"])                               # more than the KV space: preemption
+        audit = llm.collective_rpc(audit_worker, timeout=120)
+        Path(args.out).write_text(json.dumps({"phases": ph.result, "audit": audit,
+                                              "preemptions": preemptions(llm)}))
         ph.run("docs_more", [p[::-1] for p in P["docs"]])       # more chunks to save
         print("SAVING", flush=True)                             # the test kills -9 us now
         time.sleep(600)
@@ -161,7 +226,7 @@ def main() -> int:
         finally:
             subprocess.run(["umount", "-l", str(ns_tmp)], check=False)
     else:
-        ph.run("docs", P["docs"])
+        ph.run("docs", P["docs"][:args.docs])
     if disk is not None and args.role != "faults":
         _wait_saved(disk)
     time.sleep(1.5)                                             # one more stats snapshot (1 s interval)

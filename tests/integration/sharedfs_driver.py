@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 
@@ -66,6 +67,10 @@ def main() -> int:
     from kvtier.runtime import apply_vllm_env
 
     apply_vllm_env(kv_cache_space_gib=1)
+    # the engine in this process: one interpreter start-up instead of three (front end, engine core,
+    # worker); servers (scheduler and worker in separate processes) with each shared backend are
+    # tested in test_tenant_isolation.py
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from kvtier.engine import make_llm
     from kvtier.server import kv_transfer_config
     from vllm import SamplingParams, TokensPrompt

@@ -2,11 +2,15 @@
 FaultyTier where it cannot. Every scenario asserts token-exact output (float32) against a reference
 engine without kvtier, a counted event, and that serving went on. Driver: drill_driver.py.
 
-Engines (one module-scoped run): reference; crash (kill -9 during heavy saves) -> restart on the same
-directory (+ multi-turn chat under a disk budget far below its working set) -> fsck; faults (SSD on a
-real 24 MiB tmpfs: full disk, then slow loads past the load timeout via FaultyTier, then the mount
-remounted read-only mid-run); a namespace change (block size) on the crashed directory; a read-only
-mount at start; two engines writing the same chunks at the same time. Needs root for the mounts.
+Seven engines, in two lanes that run side by side (each engine's compute pinned to its own core):
+  lane 0: crash (a KV space 0.4x the prompts it is given at once: vLLM preempts; kvtier's state
+          audited; then kill -9 during heavy saves) -> fsck -> restart on the same directory
+          (+ multi-turn chat under a disk budget far below its working set) -> fsck -> a read-only
+          mount at start
+  lane 1: reference -> faults (SSD on a real 12 MiB tmpfs: full disk, then slow loads past the
+          load timeout via FaultyTier, then a read-only mount over its tmp/ mid-run)
+then two engines together on the crashed directory with block size 64 instead of 128 (a namespace
+change; both compute and save the same chunks at the same time). Needs root for the mounts.
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -26,6 +33,14 @@ DRIVER = Path(__file__).with_name("drill_driver.py")
 ROOT = Path(__file__).resolve().parents[2]
 CHUNK = 128
 KVC = 128 * 46080 + 4096 + 20          # one float32 chunk file of the bundled model (128 tokens)
+CRASH_KV_TOKENS = 1152                 # 9 blocks (8 usable): the crash engine's five 508-token docs need 20
+RO_DOCS = 2                            # prompts of docs the read-only-at-start engine serves
+
+
+def _cores() -> list[str | None]:
+    """One core per lane when there are two (vLLM binds an engine's compute threads to it)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return [str(cpus[0]), str(cpus[1])] if len(cpus) >= 2 else [None, None]
 
 
 def _cfg(disk: Path, stats: Path, log: Path | None = None, *, capacity: str = "4GiB", ram: bool = False,
@@ -40,15 +55,19 @@ def _cfg(disk: Path, stats: Path, log: Path | None = None, *, capacity: str = "4
     return json.dumps(c)
 
 
-def _start(role: str, model: Path, out: Path, *extra: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
+def _start(role: str, model: Path, out: Path, *extra: str, stdout=subprocess.DEVNULL,
+           core: str | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "WARNING", "KVTIER_LOG_LEVEL": "WARNING"}
     env.pop("KVTIER_STORE__DISK__PATH", None)
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = core
     with open(out.with_suffix(".stderr"), "w") as ef:
         return subprocess.Popen([sys.executable, str(DRIVER), role, "--model", str(model), "--out", str(out),
                                  *extra], env=env, stdout=stdout, stderr=ef, text=True, start_new_session=True)
 
 
 def _finish(proc: subprocess.Popen, out: Path, timeout: float = 600) -> dict:
+    t0 = time.monotonic()
     try:
         rc = proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -57,6 +76,7 @@ def _finish(proc: subprocess.Popen, out: Path, timeout: float = 600) -> dict:
         _killpg(proc)
     if rc != 0:
         raise AssertionError(f"{out.stem} failed ({rc}):\n{out.with_suffix('.stderr').read_text()[-4000:]}")
+    print(f"[drills] {out.stem}: {time.monotonic() - t0:.0f} s after its start was waited on", flush=True)
     return json.loads(out.read_text())["phases"]
 
 
@@ -69,8 +89,8 @@ def _killpg(proc: subprocess.Popen) -> None:
     proc.wait(60)
 
 
-def _run(role: str, model: Path, out: Path, *extra: str) -> dict:
-    return _finish(_start(role, model, out, *extra), out)
+def _run(role: str, model: Path, out: Path, *extra: str, core: str | None = None) -> dict:
+    return _finish(_start(role, model, out, *extra, core=core), out)
 
 
 def _events(stats: Path) -> dict[str, float]:
@@ -112,31 +132,24 @@ def tmpfs(tmp_path_factory):
     if os.geteuid() != 0:
         pytest.fail("the fault drills mount a real tmpfs and need root (CI runs as root)")
     mnt = tmp_path_factory.mktemp("drill-tmpfs")
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=700", "tmpfs", str(mnt)], check=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12m,mode=700", "tmpfs", str(mnt)], check=True)
     try:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("drills")
-
-
-@pytest.fixture(scope="module")
-def ref(bundled_model, work) -> dict:
-    return _run("reference", bundled_model, work / "ref.json")
-
-
-@pytest.fixture(scope="module")
-def crash(bundled_model, work, ref) -> dict:
-    """kill -9 during heavy saves, restart on the same directory (+ a multi-turn chat under a disk
-    budget far below its working set), then fsck."""
-    d, res = work, {"ref": ref, "dir": work}
+def _crash_lane(model: Path, d: Path, core: str | None) -> dict:
+    """Preemption under KV pressure + kill -9 during heavy saves, restart on the same directory
+    (+ a multi-turn chat under a disk budget far below its working set), fsck, then a read-only
+    mount at start."""
+    res: dict = {}
     crash_dir, st = d / "ssd", d / "stats-crash"
-    proc = _start("crash", bundled_model, d / "crash.json", "--config", _cfg(crash_dir, st),
-                  stdout=subprocess.PIPE)
+    proc = _start("crash", model, d / "crash.json", "--config", _cfg(crash_dir, st, d / "crash.jsonl", ram=True),
+                  "--log", str(d / "crash.jsonl"), "--kv-tokens", str(CRASH_KV_TOKENS), stdout=subprocess.PIPE,
+                  core=core)
+    watchdog = threading.Timer(600, _killpg, (proc,))   # a hung driver closes its stdout: the loop ends
+    watchdog.start()
     try:
         for line in proc.stdout:                      # vLLM may print to stdout too
             if line.strip() == "SAVING":
@@ -144,62 +157,76 @@ def crash(bundled_model, work, ref) -> dict:
         else:
             raise AssertionError("crash driver ended early:\n" + (d / "crash.stderr").read_text()[-3000:])
     finally:
+        watchdog.cancel()
         _killpg(proc)                                  # kill -9, engine-core process included
+    res["crash"] = json.loads((d / "crash.json").read_text())
+    res["crash_events"] = _events(st)
     res["crash_dir"] = crash_dir
     res["fsck_dry"] = _fsck(crash_dir, "--dry-run")
     st = d / "stats-restart"
-    budget = 5 * KVC                                   # far below the chat's working set (~12 chunks)
-    res["restart"] = _run("restart", bundled_model, d / "restart.json", "--config",
+    budget = 5 * KVC                                   # far below the chat's working set (12 chunks)
+    res["restart"] = _run("restart", model, d / "restart.json", "--config",
                           _cfg(crash_dir, st, d / "restart.jsonl", capacity=str(budget)),
-                          "--log", str(d / "restart.jsonl"))
+                          "--log", str(d / "restart.jsonl"), core=core)
     res["restart_events"], res["budget"] = _events(st), budget
     res["fsck_after"] = _fsck(crash_dir)
     res["fsck_again"] = _fsck(crash_dir)
+    res["ro_start"] = _read_only_start(model, d, core)
     return res
 
 
-@pytest.fixture(scope="module")
-def faults(bundled_model, work, ref, tmpfs) -> dict:
-    """Full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout) -> read-only tmp/."""
-    st = work / "stats-faults"
-    cfg = _cfg(tmpfs, st, work / "faults.jsonl", capacity="1GiB",
-               store__faults={"wraps": "disk", "latency_ms": 4000}, connector__load_timeout_s=1.0)
-    f = _run("faults", bundled_model, work / "faults.json", "--config", cfg, "--log", str(work / "faults.jsonl"))
-    return {"ref": ref, "faults": f, "faults_events": _events(st), "dir": work}
-
-
-@pytest.fixture(scope="module")
-def namespace(bundled_model, work, crash) -> dict:
-    """The crashed engine's directory again, with block size 64 instead of 128 (a new namespace), by
-    TWO engines started together: they compute and save the same chunks at the same time."""
-    runs = []
-    for name in ("ns1", "ns2"):
-        st = work / f"stats-{name}"
-        runs.append((name, st, _start("plain", bundled_model, work / f"{name}.json", "--config",
-                                      _cfg(crash["crash_dir"], st, work / f"{name}.jsonl"),
-                                      "--block-size", "64", "--log", str(work / f"{name}.jsonl"))))
-    outs = {name: _finish(proc, work / f"{name}.json") for name, _, proc in runs}
-    return {"ref": crash["ref"], "outs": outs, "events": {name: _events(st) for name, st, _ in runs},
-            "fsck": _fsck(crash["crash_dir"], "--dry-run")}
-
-
-@pytest.fixture(scope="module")
-def read_only_start(bundled_model, work, ref) -> dict:
+def _read_only_start(model: Path, d: Path, core: str | None) -> dict:
     """store.disk.path on a read-only tmpfs from the start."""
-    ro = work / "ro-mount"
+    ro = d / "ro-mount"
     ro.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m,mode=700", "tmpfs", str(ro)], check=True)
     try:
-        st = work / "stats-ro"
-        out = _run("plain", bundled_model, work / "ro.json", "--config", _cfg(ro / "ssd", st, work / "ro.jsonl"),
-                   "--log", str(work / "ro.jsonl"))
+        st = d / "stats-ro"
+        out = _run("plain", model, d / "ro.json", "--config", _cfg(ro / "ssd", st, d / "ro.jsonl"),
+                   "--log", str(d / "ro.jsonl"), "--docs", str(RO_DOCS), core=core)
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=False)
-    return {"ref": ref, "out": out, "events": _events(st), "stderr": (work / "ro.stderr").read_text()}
+    return {"out": out, "events": _events(st), "stderr": (d / "ro.stderr").read_text()}
 
 
-def test_kill9_during_saves_restart_is_exact_and_fsck_repairs(crash):
-    drills = crash
+def _faults_lane(model: Path, d: Path, tmpfs: Path, core: str | None) -> dict:
+    """The reference, then full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout)
+    -> read-only tmp/."""
+    ref = _run("reference", model, d / "ref.json", core=core)
+    st = d / "stats-faults"
+    cfg = _cfg(tmpfs, st, d / "faults.jsonl", capacity="1GiB",
+               store__faults={"wraps": "disk", "latency_ms": 4000}, connector__load_timeout_s=1.0)
+    f = _run("faults", model, d / "faults.json", "--config", cfg, "--log", str(d / "faults.jsonl"), core=core)
+    return {"ref": ref, "faults": f, "faults_events": _events(st)}
+
+
+def _namespace(model: Path, d: Path, crash_dir: Path, cores: list[str | None]) -> dict:
+    """The crashed engine's directory again, with block size 64 instead of 128 (a new namespace), by
+    TWO engines started together: they compute and save the same chunks at the same time."""
+    runs = []
+    for name, core in zip(("ns1", "ns2"), cores):
+        st = d / f"stats-{name}"
+        runs.append((name, st, _start("plain", model, d / f"{name}.json", "--config",
+                                      _cfg(crash_dir, st, d / f"{name}.jsonl"), "--block-size", "64",
+                                      "--log", str(d / f"{name}.jsonl"), core=core)))
+    outs = {name: _finish(proc, d / f"{name}.json") for name, _, proc in runs}
+    return {"outs": outs, "events": {name: _events(st) for name, st, _ in runs},
+            "fsck": _fsck(crash_dir, "--dry-run")}
+
+
+@pytest.fixture(scope="module")
+def drills(bundled_model, tmp_path_factory, tmpfs) -> dict:
+    d = tmp_path_factory.mktemp("drills")
+    cores = _cores()
+    with ThreadPoolExecutor(2) as pool:
+        lane0 = pool.submit(_crash_lane, bundled_model, d, cores[0])
+        lane1 = pool.submit(_faults_lane, bundled_model, d, tmpfs, cores[1])
+        res = {**lane0.result(), **lane1.result(), "dir": d}
+    res["namespace"] = _namespace(bundled_model, d, res["crash_dir"], cores)
+    return res
+
+
+def test_kill9_during_saves_restart_is_exact_and_fsck_repairs(drills):
     ref, r = drills["ref"], drills["restart"]
     assert r["docs"]["outputs"] == ref["docs"]["outputs"]
     loaded, failed = _every_claim_loaded_or_counted(r["docs"])
@@ -214,8 +241,7 @@ def test_kill9_during_saves_restart_is_exact_and_fsck_repairs(crash):
     assert failed == 0 or ev.get("kvtier_connector_errors_total", 0) > 0
 
 
-def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(crash):
-    drills = crash
+def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(drills):
     ref, r = drills["ref"], drills["restart"]
     for k in range(3):
         assert r[f"chat{k}"]["outputs"] == ref["chat"][k], k
@@ -225,16 +251,14 @@ def test_disk_eviction_under_the_engine_every_claim_loaded_or_counted(crash):
     assert usage and all(u["bytes_on_disk"] <= drills["budget"] for u in usage if u["chunks"])
 
 
-def test_full_disk_saves_dropped_and_counted_serving_continues(faults):
-    drills = faults
+def test_full_disk_saves_dropped_and_counted_serving_continues(drills):
     ref, f = drills["ref"], drills["faults"]
     assert f["full0"]["outputs"] == ref["full0"]["outputs"] and f["full12"]["outputs"] == ref["full12"]["outputs"]
     ev = drills["faults_events"]
     assert ev.get("enospc", 0) >= 1, ev                                  # the real ENOSPC of the tmpfs, counted
 
 
-def test_slow_tier_request_recomputes_others_keep_going(faults):
-    drills = faults
+def test_slow_tier_request_recomputes_others_keep_going(drills):
     ref, f = drills["ref"], drills["faults"]
     assert f["slow"]["outputs"] == ref["slow"]["outputs"]              # both requests of the batch, exact
     claims, loads = _claims_loads(f["slow"])
@@ -242,8 +266,7 @@ def test_slow_tier_request_recomputes_others_keep_going(faults):
     assert drills["faults_events"].get("kvtier_connector_errors_total", 0) >= 1
 
 
-def test_read_only_mid_run_one_warning_serving_continues(faults):
-    drills = faults
+def test_read_only_mid_run_one_warning_serving_continues(drills):
     ref, f = drills["ref"], drills["faults"]
     assert f["ro"]["outputs"] == ref["ro"]["outputs"]
     err = (drills["dir"] / "faults.stderr").read_text()
@@ -251,11 +274,12 @@ def test_read_only_mid_run_one_warning_serving_continues(faults):
     assert 1 <= err.count("Read-only file system") <= 2                  # warned once (per burst), not per chunk
 
 
-def test_namespace_change_on_the_same_directory_is_never_reused(namespace):
-    ref, claimed = namespace["ref"], []
+def test_namespace_change_on_the_same_directory_is_never_reused(drills):
+    namespace, claimed = drills["namespace"], []
+    ref = drills["ref"]["docs"]["outputs"]
     for name in ("ns1", "ns2"):
         ns = namespace["outs"][name]
-        assert ns["docs"]["outputs"] == ref["docs"]["outputs"], name
+        assert ns["docs"]["outputs"] == ref, name
         loaded, failed = _every_claim_loaded_or_counted(ns["docs"])
         claimed.append(loaded + failed)
         assert namespace["events"][name].get("foreign_namespace", 0) >= 1      # the old namespace: counted
@@ -264,7 +288,8 @@ def test_namespace_change_on_the_same_directory_is_never_reused(namespace):
     assert min(claimed) == 0, claimed
 
 
-def test_two_engines_writing_the_same_chunks_at_once(namespace):
+def test_two_engines_writing_the_same_chunks_at_once(drills):
+    namespace = drills["namespace"]
     for name in ("ns1", "ns2"):
         ev = namespace["events"][name]
         assert not {"corrupt", "torn", "wrong_key", "namespace_mismatch"} & set(ev), ev
@@ -272,11 +297,27 @@ def test_two_engines_writing_the_same_chunks_at_once(namespace):
     assert rc == 0 and rep["clean"] and not rep["bad"], rep               # one valid file per chunk
 
 
-@pytest.mark.skipif(os.environ.get("KVTIER_DRILLS_ALL") != "1",
-                    reason="opt-in (KVTIER_DRILLS_ALL=1): one more engine start past the 5-minute drill budget; "
-                    "store level: test_store_faults.py::test_disk_tier_that_cannot_open_is_skipped_with_one_event")
-def test_read_only_at_start_one_warning_serving_continues(read_only_start):
-    r = read_only_start
-    assert r["out"]["docs"]["outputs"] == r["ref"]["docs"]["outputs"]
+def test_read_only_at_start_one_warning_serving_continues(drills):
+    r = drills["ro_start"]
+    assert r["out"]["docs"]["outputs"] == drills["ref"]["docs"]["outputs"][:RO_DOCS]
     assert r["events"].get("tier_unavailable", 0) == 1                 # counted once: no SSD tier
     assert r["stderr"].count("serving without the SSD tier") == 1
+
+
+def test_preemption_under_kv_pressure_exact_and_nothing_leaked(drills):
+    """Five long prompts at once in a KV space of 0.4x their tokens: vLLM preempts and re-admits;
+    kvtier's claims on re-admission are loaded (or counted), outputs are exact, and afterwards the
+    worker holds no pinned RAM slot, no queued write, every staging buffer is back in its pool."""
+    crash = drills["crash"]
+    assert crash["phases"]["docs"]["outputs"] == drills["ref"]["docs"]["outputs"]
+    assert crash["preemptions"] > 0, crash["preemptions"]              # vLLM's own counter
+    loaded, _ = _every_claim_loaded_or_counted(crash["phases"]["docs"])
+    assert loaded > 0              # cold, distinct prompts: only re-admitted (preempted) requests can hit
+    (a,) = crash["audit"]                                               # one worker
+    assert a["flushed"] and a["worker_sides"] == 1 and a["memory_tiers"] == 1 and a["writer_pools"] == 1, a
+    assert a["pinned_slots"] == 0 and a["slots_free_or_owned"] == a["slots"] > 0, a   # no pin, no lost slot
+    assert a["writes_pending"] == 0 and a["writes_inflight"] == 0, a
+    assert a["staging_free"] == a["staging_buffers"], a                  # every staging buffer returned
+    assert all(n <= a["prefetch_depth"] + 1 for n in a["load_buffers"]) and not any(a["async_buffers"]), a
+    assert a["failed_reqs"] == 0 and a["load_errors_pending"] == 0, a
+    assert 0 < a["ram_used"] <= a["ram_capacity"], a

@@ -78,8 +78,10 @@ def test_unreadable_lease_is_taken_over(tmp_path) -> None:
 def test_eviction_is_oldest_first_and_tail_first(tmp_path) -> None:
     """Three chains written at different times; over budget the janitor removes the oldest
     chain's tail first and never leaves a chunk whose parent is gone."""
+    # probe_interval_s too: the tier's maintenance thread wakes every min(probe, janitor) interval and
+    # runs its first janitor pass then; on a loaded machine that pass raced the explicit tick below
     t = open_tier(tmp_path, capacity=10 * FILE, low_watermark=0.8, janitor=True, janitor_interval_s=3600,
-                  lease_ttl_s=7200)
+                  probe_interval_s=3600, lease_ttl_s=7200)
     try:
         chains = [chain(5, seed=s) for s in range(3)]
         for c in chains:
@@ -124,7 +126,8 @@ def test_victim_read_since_scan_is_kept(tmp_path) -> None:
 
 
 def test_under_budget_pass_evicts_nothing_and_cleans_dead_temp_files(tmp_path) -> None:
-    t = open_tier(tmp_path, janitor=True, janitor_interval_s=3600, lease_ttl_s=7200, temp_ttl_s=60)
+    t = open_tier(tmp_path, janitor=True, janitor_interval_s=3600, probe_interval_s=3600, lease_ttl_s=7200,
+                  temp_ttl_s=60)
     try:
         assert all(write_all(t, chain(3)))
         dead = t.layout.tmp / "x.otherhost.1.2.3.tmp"
