@@ -46,6 +46,7 @@ def main() -> int:
     ap.add_argument("--full-longdoc", action="store_true", help="the full demo (3 documents of ~7.6K tokens)")
     ap.add_argument("--skip-ttft", action="store_true")
     ap.add_argument("--skip-longdoc", action="store_true")
+    ap.add_argument("--diag", action="store_true", help="bench ttft --diag (the writer must have run with it)")
     ap.add_argument("--pool-gib", type=float, default=2.0)
     a = ap.parse_args()
     kinds = ["sharedfs", "valkey", "mooncake"]
@@ -56,7 +57,7 @@ def main() -> int:
             roles = ",".join(["kvtier-r", *(f"shared-r:{k}" for k in kinds)])
             rc |= run(["bench", "ttft", "--roles", roles, *ep.ttft_options(), "--lengths", a.lengths,
                        "--repeats", a.repeats, "--workdir", str(a.workdir), "--no-example", "--no-peers", "--resume",
-                       "--diag", *(["--json", str(a.ttft_json)] if a.ttft_json else []),
+                       *(["--diag"] if a.diag else []), *(["--json", str(a.ttft_json)] if a.ttft_json else []),
                        *(["--md", str(a.ttft_md)] if a.ttft_md else [])])
         if a.skip_longdoc:
             return rc

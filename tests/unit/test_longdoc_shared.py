@@ -51,3 +51,18 @@ def test_longdoc_cli_names_a_missing_endpoint(tmp_path: Path) -> None:
     assert res.exit_code != 0 and "--mooncake" in res.output and "Traceback" not in res.output
     res = CliRunner().invoke(app, ["demo", "longdoc", "--shared", "redis", "--out", str(tmp_path)])
     assert res.exit_code != 0 and "unknown backend" in res.output
+
+
+def test_a_valkey_column_is_proved_by_admission_with_no_local_read(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from kvtier.demo.common import DemoError
+    from kvtier.demo.longdoc import check_hit, shared_columns
+
+    col = shared_columns(shared_targets(None, None, "", "redis://127.0.0.1:1/0", ""))[-1]
+    rec = SimpleNamespace(cached_tokens=896)
+    check_hit(col, "d000", rec, 896, {"shared": 896.0}, {})            # valkey counts no reads
+    with pytest.raises(DemoError, match="valkey tier"):
+        check_hit(col, "d000", rec, 896, {"shared": 896.0}, {"memory": 7.0})   # a local tier served it
+    with pytest.raises(DemoError, match="valkey tier"):
+        check_hit(col, "d000", rec, 896, {"memory": 896.0}, {})

@@ -88,7 +88,7 @@ def test_shared_reader_rows_are_checked_against_the_shared_tier() -> None:
     local = dict(good, kvtier={"kvtier_connector_loaded_tokens_total": 896.0,
                                "kvtier_store_hits_total{tier=memory}": 4.0})
     bad = _check("shared-r:valkey", {"shared_hit": [local]}, 1024, 256, 128)
-    assert any("0 chunk reads served by the valkey tier" in b for b in bad)
+    assert any("0 tokens admitted from the shared tier" in b for b in bad)
     assert any("served by the memory tier, not valkey" in b for b in bad)
 
 
