@@ -52,6 +52,28 @@ def _proc_tree(pid: int) -> list[int]:
         return []
 
 
+def _memory_detail(pid: int) -> dict:
+    """RssAnon / RssFile / RssShmem (bytes) and the commonest anonymous mapping sizes (a pool of
+    equal buffers, such as the disk writer's staging buffers, shows as many mappings of one size)."""
+    out: dict = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                k, v = line.split(":", 1)
+                out[k.lower().replace("rss", "rss_")] = int(v.split()[0]) * 1024
+        sizes: dict[int, int] = {}
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            f = line.split()
+            if len(f) == 5:                                   # no path: anonymous
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if hi - lo >= 2**20:
+                    sizes[hi - lo] = sizes.get(hi - lo, 0) + 1
+        out["anon_maps_top"] = sorted(sizes.items(), key=lambda kv: -kv[1])[:4]
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def sample(pid: int, disk: Path) -> dict:
     """One sample: per process RSS / open files / threads, and the SSD tier's bytes on disk."""
     import psutil
@@ -61,7 +83,7 @@ def sample(pid: int, disk: Path) -> dict:
         try:
             ps = psutil.Process(p)
             procs[str(p)] = {"name": " ".join(ps.cmdline()[:3])[-80:], "rss": ps.memory_info().rss,
-                             "fds": ps.num_fds(), "threads": ps.num_threads()}
+                             "fds": ps.num_fds(), "threads": ps.num_threads(), **_memory_detail(p)}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     on_disk = 0
