@@ -108,7 +108,8 @@ def _cpu() -> str:
     except OSError:
         pass
     simd = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "no avx2"
-    return f"{model}, {len(os.sched_getaffinity(0))} vCPU, {simd}{', amx/avx512_bf16' if 'avx512_bf16' in flags else ''}"
+    bf16 = ", avx512_bf16" if "avx512_bf16" in flags else ""
+    return f"{model}, {len(os.sched_getaffinity(0))} vCPU, {simd}{bf16}"
 
 
 def plan(calibration: Path, users: int | None, conversations: int) -> dict:
@@ -146,6 +147,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=60.0, help="seconds between samples")
     ap.add_argument("--request-timeout", type=float, default=1200.0)
     ap.add_argument("--scratch", type=Path, default=None, help="SSD tier, workload, server log (default: a temp dir)")
+    ap.add_argument("--vanilla", action="store_true", help="the same load on vLLM without kvtier (a baseline for RSS)")
     args = ap.parse_args()
 
     out = args.out
@@ -171,16 +173,18 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     wl = scratch / "workload.jsonl"
     write_workload(wl, p["header"], p["convs"])
     ram, ssd = b.bytes(b.ram_tokens), b.bytes(b.ssd_tokens)
-    spec = ServerSpec(name="kvtier-ram-ssd", model=str(facts.path), max_model_len=p["max_model_len"],
+    spec = ServerSpec(name="vanilla" if args.vanilla else "kvtier-ram-ssd", model=str(facts.path),
+                      max_model_len=p["max_model_len"],
                       dtype=facts.dtype, kv_cache_space_gib=facts.kv_gib(b.engine_kv_tokens),
-                      kvtier_config={"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
-                                               "disk": {"enabled": True, "path": str(disk), "capacity": ssd}}})
+                      kvtier_config=None if args.vanilla else
+                      {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
+                                 "disk": {"enabled": True, "path": str(disk), "capacity": ssd}}})
     meta = {"demo_users": demo.concurrency, "soak_users": soak.concurrency, "demo_size": dataclasses.asdict(demo),
             "soak_size": dataclasses.asdict(soak), "demo_sizing": p["sizing"].to_dict(), "budgets": b.to_dict(),
             "calibration": str(args.calibration), "workload_requests": p["workload_facts"].requests,
             "workload_working_set_tokens": p["workload_facts"].working_set_tokens,
             "minutes": args.minutes, "interval_s": args.interval, "request_timeout_s": args.request_timeout,
-            "cpu": _cpu(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S",
+            "vanilla": args.vanilla, "cpu": _cpu(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S",
                                                                                                time.gmtime())}
     print(json.dumps({k: meta[k] for k in ("demo_users", "soak_users", "workload_requests")} |
                      {"ram_budget": ram, "ssd_budget": ssd}), flush=True)
