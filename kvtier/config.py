@@ -257,6 +257,10 @@ class StoreConfig(_Section):
 class ConnectorConfig(_Section):
     load_timeout_s: float = Field(default=30.0, gt=0, description="a load slower than this is a miss")
     save: bool = Field(default=True, description="save newly computed full chunks")
+    save_generated: bool = Field(
+        default=True, description="also save the full chunks that cover generated tokens (as decode fills "
+        "them, and at the end of a request), so the next turn of a chat, whose prompt repeats the reply's "
+        "token ids, hits them; costs one chunk write per chunk_size generated tokens (needs save)")
     min_hit_chunks: int = Field(default=1, ge=1, description="ignore hits shorter than this many chunks")
     request_log: Path | None = Field(default=None, description="append per-request claim/load events "
                                      "(JSON lines) here; for tests and audits")

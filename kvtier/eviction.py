@@ -188,7 +188,19 @@ class EvictionPolicy:
                 v = self.pick(exclude)
                 if v is None:
                     return False, n
-            self.remove(v)
+            e = entries.pop(v)                           # remove, inlined
+            if order.pop(v, _END) is _END:
+                old.pop(v, None)
+            vp = e.parent
+            if vp is not None:
+                pk = kids.get(vp)
+                if pk is not None:
+                    pk.discard(v)
+                    if not pk:
+                        del kids[vp]
+                        pe = entries.get(vp)
+                        if pe is not None:
+                            self._releaf(vp, pe)
             n += 1
         # add, inlined
         pe = entries.get(parent) if parent is not None else None

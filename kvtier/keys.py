@@ -133,6 +133,26 @@ def chunk_keys(namespace: Namespace, token_ids: Sequence[int], extra: bytes = b"
     return keys
 
 
+def extend_chunk_keys(namespace: Namespace, keys: list[ChunkKey], token_ids: Sequence[int], upto: int,
+                      extra: bytes = b"") -> int:
+    """Append to ``keys`` (the chained keys of ``token_ids``' first ``len(keys)`` chunks) the keys of
+    chunks ``len(keys) .. upto - 1``, as far as ``token_ids`` has full chunks; returns how many were
+    added. The result equals ``chunk_keys(namespace, token_ids[:upto * C], extra)``: a request's keys
+    grow as it generates tokens, without rehashing its prefix."""
+    c = namespace.chunk_size
+    upto = min(upto, len(token_ids) // c)
+    start = len(keys)
+    if upto <= start:
+        return 0
+    raw = memoryview(_token_bytes(token_ids[start * c:upto * c], (upto - start) * c))
+    parent = keys[-1] if keys else namespace.digest()
+    step = 4 * c
+    for off in range(0, len(raw), step):
+        parent = chunk_key(parent, raw[off:off + step], extra)
+        keys.append(parent)
+    return upto - start
+
+
 def parent_of(namespace: Namespace, keys: Sequence[ChunkKey], index: int) -> ChunkKey | None:
     """The parent key of ``keys[index]``: the previous key, or None for the first chunk."""
     return keys[index - 1] if index > 0 else None

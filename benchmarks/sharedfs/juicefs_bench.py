@@ -71,18 +71,21 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-store", action="store_true")
+    ap.add_argument("--skip-lookup", action="store_true")
+    ap.add_argument("--block", type=int, default=8, help="chunks per interleaved raw/tier block")
     a = ap.parse_args()
     print(f"# CPU: {cpu_name()}", flush=True)
     result: dict = {"cpu": cpu_name()}
     with juicefs_volume() as (fs, _meta):
-        result["lookup_256"] = lookups(fs, 8, a.reps)
+        if not a.skip_lookup:
+            result["lookup_256"] = lookups(fs, 8, a.reps)
         if not a.skip_store:
             w, r = fs.mount("a"), fs.mount("b")
             (w.path / "bench").mkdir()
             while not (r.path / "bench").exists():
                 time.sleep(0.05)
             result["sharedfs"] = bench_sharedfs(w.path / "bench", r.path / "bench", volume=a.volume_mib << 20,
-                                                threads=a.threads, repeat=a.rounds)
+                                                threads=a.threads, repeat=a.rounds, block=a.block)
             print("\n".join(markdown_rows(result["sharedfs"])), flush=True)
     if a.json:
         a.json.write_text(json.dumps(result, indent=1) + "\n")

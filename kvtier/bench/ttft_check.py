@@ -5,8 +5,10 @@ A "kvtier RAM hit" / "kvtier SSD hit" time counts only if, for that very request
     cannot have come from vLLM's own cache;
   - vLLM itself reports the expected number of prompt tokens as cached (``num_cached_tokens``);
   - kvtier's own counters agree: the connector copied exactly those tokens into vLLM's blocks,
-    every chunk read was served by the tier of that name and none by another tier, and no load
-    error was counted.
+    every chunk read was served by the tier of that name and none by another tier (for a shared
+    tier: none by this engine's own RAM or SSD; for a shared tier that does not count its reads —
+    valkey, mooncake — the scheduler must have admitted the tokens from the shared tier, which with
+    no local read leaves only it), and no load error was counted.
 ``verify_kvtier_hit`` returns the list of violations (empty = the row is what it claims).
 """
 
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TIERS = ("memory", "disk")
+LOCAL_TIERS = ("memory", "disk")
+SHARED_TIERS = ("sharedfs", "valkey", "mooncake")
+TIERS = LOCAL_TIERS + SHARED_TIERS
 
 
 def expected_hit_tokens(prompt_tokens: int, chunk_tokens: int, block_tokens: int) -> int:
@@ -54,7 +58,13 @@ def verify_kvtier_hit(ev: HitEvidence, tier: str) -> list[str]:
         bad.append(f"kvtier loaded {loaded:.0f} tokens into vLLM's blocks, expected {ev.expect_tokens}")
     chunks = -(-ev.expect_tokens // ev.chunk_tokens) if ev.chunk_tokens else 0   # a partly used chunk is read too
     served = _sum(d, "kvtier_store_hits_total", f"tier={tier}")
-    if served != chunks:
+    if tier in SHARED_TIERS and served == 0 and not _sum(d, "kvtier_store_read_bytes_total", f"tier={tier}"):
+        # a shared tier that does not count its reads (valkey, mooncake): the scheduler admitted the
+        # tokens as shared-tier hits, and below no local tier served a read, so they came from it
+        admitted = _sum(d, "kvtier_connector_hit_tokens_total", "tier=shared")
+        if admitted != ev.expect_tokens:
+            bad.append(f"{admitted:.0f} tokens admitted from the shared tier, expected {ev.expect_tokens}")
+    elif served != chunks:
         bad.append(f"{served:.0f} chunk reads served by the {tier} tier, expected {chunks}")
     for other in TIERS:
         n = _sum(d, "kvtier_store_hits_total", f"tier={other}")

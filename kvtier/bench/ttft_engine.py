@@ -10,6 +10,10 @@ so kvtier's store and counters are readable here. TTFT = wall time of
              the SSD path), vLLM's prefix cache reset, the prompt again = kvtier RAM hit
   kvtier-r   a NEW engine on the same SSD directory, chunk files evicted from the page cache
              before each prompt = kvtier SSD hit
+  shared-r:KIND  a NEW engine with empty local tiers (fresh RAM, no SSD) and the shared tier
+             ``--shared`` (its chunks were put there from kvtier-w's SSD directory:
+             ``shared_seed``); ``--evict`` paths leave the page cache before each prompt
+             = kvtier shared-tier hit ("another machine")
   example-w/r  vLLM's ExampleConnector (safetensors per layer): writer, then a new reader engine
   peer:NAME  another connector tried for real in one engine: cold, prefix cache reset, hit
              (``PEERS``); a start-up failure is recorded by the orchestrator with its error line
@@ -39,7 +43,12 @@ PEERS: dict[str, dict[str, Any]] = {
                             "kv_connector_extra_config": {"cpu_bytes_to_use": 2 << 30}},
     "LMCacheConnectorV1": {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"},
 }
-ROLES = ("vanilla", "kvtier-w", "kvtier-r", "example-w", "example-r") + tuple(f"peer:{p}" for p in PEERS)
+SHARED_KINDS = ("sharedfs", "valkey", "mooncake")
+SHARED_ROLES = tuple(f"shared-r:{k}" for k in SHARED_KINDS)
+ROLES = ("vanilla", "kvtier-w", "kvtier-r", "example-w", "example-r") + SHARED_ROLES + \
+    tuple(f"peer:{p}" for p in PEERS)
+DIAG_TAG = "diag"          # --diag: extra prompts per hit role, timed under cProfile, not in the rows
+DIAG_LENGTH = 1024         # their length (fixed: a writer and its readers may run different --lengths)
 
 
 def bench_prompts(tok, length: int, repeats: int, tag: str = "") -> list[list[int]]:
@@ -63,6 +72,25 @@ def kvtier_bench_config(disk: Path | str) -> dict:
     """The kvtier config of the kvtier engines (everything else at its default)."""
     return {"store": {"chunk_size": CHUNK, "memory": {"capacity": "4GiB"},
                       "disk": {"enabled": True, "path": str(disk), "capacity": "16GiB"}}}
+
+
+def shared_reader_config(shared: dict) -> dict:
+    """The kvtier config of a shared-tier reader: fresh RAM, no SSD, the shared backend (bench
+    deadlines: a slow 2-core machine must not turn a hit into a timeout)."""
+    from kvtier.bench.shared_seed import reader_config
+
+    return {"store": {"chunk_size": CHUNK, "memory": {"capacity": "4GiB"}, "disk": {"enabled": False},
+                      "shared": reader_config(shared)}, "connector": {"load_timeout_s": 120.0}}
+
+
+def parse_repeats(text: str, lengths: list[int]) -> dict[int, int]:
+    """``"3"`` (every length) or ``"3,2,1"`` (one per length) -> {length: repeats}."""
+    xs = [int(x) for x in str(text).split(",") if x.strip()]
+    if len(xs) == 1:
+        xs = xs * len(lengths)
+    if len(xs) != len(lengths) or min(xs) < 1:
+        raise ValueError(f"--repeats {text!r}: one count >= 1, or one per length ({len(lengths)})")
+    return dict(zip(lengths, xs))
 
 
 def evict_page_cache(root: Path) -> int:
@@ -101,26 +129,50 @@ class Engine:
     def __init__(self, llm, kvtier: bool):
         self.llm, self.kvtier = llm, kvtier
 
-    def timed(self, prompt: list[int], reset: bool) -> dict:
-        """One TTFT sample with its evidence."""
+    def timed(self, prompt: list[int], reset: bool, profile: bool = False) -> dict:
+        """One TTFT sample with its evidence (``profile``: under cProfile, for a diagnosis only)."""
         from vllm import SamplingParams, TokensPrompt
 
         reset_ok = bool(self.llm.reset_prefix_cache()) if reset else None
         before = _kvtier_samples() if self.kvtier else {}
         sp = SamplingParams(temperature=0.0, max_tokens=1)
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+            prof.enable()
         t0 = time.perf_counter()
         out = self.llm.generate([TokensPrompt(prompt_token_ids=prompt)], sp, use_tqdm=False)
         dt = time.perf_counter() - t0
         sample = {"s": dt, "cached": out[0].num_cached_tokens, "reset_ok": reset_ok}
+        if prof is not None:
+            prof.disable()
+            sample["profile"] = _profile_text(prof)
         if self.kvtier:
             after = _kvtier_samples()
             sample["kvtier"] = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
         return sample
 
 
-def _connector(role: str, root: Path) -> dict | None:
+def _profile_text(prof) -> str:
+    import io
+    import pstats
+
+    buf = io.StringIO()
+    st = pstats.Stats(prof, stream=buf)
+    st.sort_stats("cumulative").print_stats(35)
+    st.sort_stats("tottime").print_stats(20)
+    return buf.getvalue()
+
+
+def _connector(role: str, root: Path, shared: dict | None = None) -> dict | None:
     from kvtier.server import kv_transfer_config
 
+    if role.startswith("shared-r:"):
+        if shared is None:
+            raise SystemExit(f"{role} needs --shared CONFIG_JSON")
+        return kv_transfer_config(shared_reader_config(shared))
     if role.startswith("kvtier"):
         return kv_transfer_config(kvtier_bench_config(root / "kvtier"))
     if role.startswith("example"):
@@ -135,13 +187,57 @@ def _check(role: str, row: dict, n: int, chunk: int, block: int) -> list[str]:
     from kvtier.bench.ttft_check import HitEvidence, expected_hit_tokens, verify_kvtier_hit, verify_prefix_cache_hit
 
     bad = []
-    for label, tier in (("ram_hit", "memory"), ("ssd_hit", "disk")):
-        for s in row.get(label, []) if role.startswith("kvtier") else []:
+    checks = (("ram_hit", "memory"), ("ssd_hit", "disk")) if role.startswith("kvtier") else ()
+    if role.startswith("shared-r:"):
+        checks = (("shared_hit", role.split(":", 1)[1]),)
+    for label, tier in checks:
+        for s in row.get(label, []):
             ev = HitEvidence(expected_hit_tokens(n, chunk, block), chunk, s["reset_ok"], s["cached"], s["kvtier"])
             bad += [f"{label} {n}: {v}" for v in verify_kvtier_hit(ev, tier)]
     for s in row.get("apc_hit", []):
         bad += [f"apc_hit {n}: {v}" for v in verify_prefix_cache_hit((n - 1) // block * block, s["cached"])]
+    for s in row.get("cold", []):          # a cold row that hit any cache measured no recompute
+        if s.get("cached"):
+            bad.append(f"cold {n}: {s['cached']} tokens came from a cache; a cold row must compute every token")
     return bad
+
+
+def _shared_hit(eng: Engine, prompt: list[int], evict: list[str]) -> dict:
+    from kvtier.bench.shared_seed import evict as evict_paths
+
+    evict_paths(evict)
+    return eng.timed(prompt, reset=True)
+
+
+def _diag(eng: Engine, role: str, tok, n: int, root: Path, evict: list[str], block: int) -> dict:
+    """Extra prompts (``DIAG_TAG``) at length ``n``, not part of any row: the writer computes two
+    (cold) and times a RAM hit plain and under cProfile; the SSD reader times a hit under cProfile,
+    the same prompt again with its files in the page cache (the device read taken out) and the
+    other prompt's hit plain; a shared reader times a hit under cProfile."""
+    p0, p1 = bench_prompts(tok, n, 2, DIAG_TAG)
+    out: dict[str, Any] = {"length": n}
+    if role == "kvtier-w":
+        out["cold"] = eng.timed(p0, reset=False)
+        out["cold_2"] = eng.timed(p1, reset=False)
+        _flush_kvtier()
+        out["ram_hit_plain"] = eng.timed(p0, reset=True)      # the same hit without the profiler
+        out["ram_hit"] = eng.timed(p0, reset=True, profile=True)
+        label = "ram_hit"
+    elif role == "kvtier-r":
+        evict_page_cache(root / "kvtier")
+        out["ssd_hit"] = eng.timed(p0, reset=True, profile=True)
+        out["ssd_hit_warm"] = eng.timed(p0, reset=True)              # page cache warm: the device read is out
+        evict_page_cache(root / "kvtier")
+        out["ssd_hit_plain"] = eng.timed(p1, reset=True)             # evicted, no profiler
+        label = "ssd_hit"
+    else:
+        from kvtier.bench.shared_seed import evict as evict_paths
+
+        evict_paths(evict)
+        out["shared_hit"] = eng.timed(p0, reset=True, profile=True)
+        label = "shared_hit"
+    out["violations"] = _check(role, {label: [out[label]]}, n, CHUNK, block)
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -150,7 +246,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--lengths", required=True)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", default="3", help="N, or one count per length: 3,2,1")
+    ap.add_argument("--shared", default=None, help="file holding the store.shared config (JSON) of a shared-r role")
+    ap.add_argument("--evict", default="", help=f"paths ({os.pathsep}-separated) evicted before each shared hit")
+    ap.add_argument("--diag", action="store_true", help="one more hit per hit role, under cProfile")
     ap.add_argument("--dir", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--max-batched", type=int, default=2048)
@@ -165,6 +264,9 @@ def main(argv: list[str]) -> int:
     from kvtier.engine import make_llm
 
     lengths = [int(x) for x in a.lengths.split(",")]
+    repeats = parse_repeats(a.repeats, lengths)
+    shared = json.loads(Path(a.shared).read_text()) if a.shared else None
+    evict = [p for p in a.evict.split(os.pathsep) if p]
     root = Path(a.dir)
     result: dict[str, Any] = {"role": a.role, "pid": os.getpid(), "rows": {}, "violations": []}
     out = Path(a.out)
@@ -174,17 +276,17 @@ def main(argv: list[str]) -> int:
         tmp.write_text(json.dumps(result))
         os.replace(tmp, out)
 
-    llm = make_llm(a.model, dtype=a.dtype, max_model_len=a.max_model_len, kv_transfer_config=_connector(a.role, root),
+    llm = make_llm(a.model, dtype=a.dtype, max_model_len=a.max_model_len, kv_transfer_config=_connector(a.role, root, shared),
                    max_num_batched_tokens=a.max_batched, enable_prefix_caching=True)
     block = llm.llm_engine.vllm_config.cache_config.block_size
     result["block_size"], result["chunk_size"] = block, CHUNK
     if CHUNK % block:
         raise SystemExit(f"kvtier chunk size {CHUNK} is not a multiple of the engine's block size {block}")
-    eng = Engine(llm, a.role.startswith("kvtier"))
+    eng = Engine(llm, a.role.startswith(("kvtier", "shared-r:")))
     tok = llm.get_tokenizer()
     eng.timed(bench_prompts(tok, 64, 1, "warmup")[0], reset=False)   # first-call overheads out of the way
     for n in lengths:
-        prompts = bench_prompts(tok, n, a.repeats)
+        prompts = bench_prompts(tok, n, repeats[n])
         row: dict[str, Any] = {}
         result["rows"][str(n)] = row
         if a.role in ("vanilla", "kvtier-w", "example-w") or a.role.startswith("peer:"):
@@ -198,6 +300,8 @@ def main(argv: list[str]) -> int:
                 row["ram_hit"] = [eng.timed(p, reset=True) for p in prompts]
             elif a.role.startswith("peer:"):
                 row["hit"] = [eng.timed(p, reset=True) for p in prompts]
+        elif a.role.startswith("shared-r:"):   # a new process, empty local tiers: "another machine"
+            row["shared_hit"] = [_shared_hit(eng, p, evict) for p in prompts]
         else:  # readers: a new process; every load comes from files evicted from the page cache
             sub = root / ("kvtier" if a.role == "kvtier-r" else "example")
             times = []
@@ -206,6 +310,9 @@ def main(argv: list[str]) -> int:
                 times.append(eng.timed(p, reset=True))
             row["ssd_hit"] = times
         result["violations"] += _check(a.role, row, n, CHUNK, block)
+        save()
+    if a.diag and a.role in ("kvtier-w", "kvtier-r") + SHARED_ROLES:
+        result["diag"] = _diag(eng, a.role, tok, DIAG_LENGTH, root, evict, block)
         save()
     if a.role == "kvtier-w" and not _flush_kvtier():
         result["violations"].append("kvtier store flush timed out at exit")

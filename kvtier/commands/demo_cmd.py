@@ -82,15 +82,40 @@ def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dty
             shared_dir: Path = typer.Option(None, "--shared-dir", help="add a shared-filesystem column: this "
                                             "directory on a shared mount (servers 1-2 write it)"),
             shared_dir_other: Path = typer.Option(None, "--shared-dir-other", help="the same directory through "
-                                                  "a second mount ('the other machine'; default: --shared-dir)"))\
+                                                  "a second mount ('the other machine'; default: --shared-dir)"),
+            shared: str = typer.Option("", "--shared", help="add a hit column per shared backend, comma-separated "
+                                       "sharedfs,valkey,mooncake: a fresh server with empty local tiers reading it "
+                                       "(filled from the SSD chunks first); sharedfs uses --shared-dir(-other)"),
+            shared_evict: str = typer.Option("", "--shared-evict", help="paths whose page cache is dropped before "
+                                             "each shared-FS hit (e.g. JuiceFS's data directory), comma-separated"),
+            valkey: str = typer.Option("", "--valkey", help="Valkey/Redis URL for --shared valkey"),
+            mooncake: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared mooncake"))\
         -> None:
     """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server (and, with
-    --shared-dir, a shared-filesystem hit in a fresh server with empty local tiers)."""
+    --shared or --shared-dir, hits from a shared tier in a fresh server with empty local tiers)."""
     columns = None
-    if shared_dir is not None:
-        for p, flag in ((shared_dir, "--shared-dir"), (shared_dir_other, "--shared-dir-other")):
-            if p is not None and not p.is_dir():
-                raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
+    for p, flag in ((shared_dir, "--shared-dir"), (shared_dir_other, "--shared-dir-other")):
+        if p is not None and not p.is_dir():
+            raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
+    if shared:
+        from kvtier.commands.ttft_cmd import shared_targets
+        from kvtier.demo.longdoc import shared_columns
+
+        kinds = [k.strip() for k in shared.split(",") if k.strip()]
+        bad = [k for k in kinds if k not in ("sharedfs", "valkey", "mooncake")]
+        if bad:
+            raise typer.BadParameter(f"unknown backend(s) {bad}; choose from sharedfs,valkey,mooncake",
+                                     param_hint="--shared")
+        for kind, given, flag in (("sharedfs", shared_dir, "--shared-dir"), ("valkey", valkey, "--valkey"),
+                                  ("mooncake", mooncake, "--mooncake")):
+            if kind in kinds and not given:
+                raise typer.BadParameter(f"--shared {kind} needs {flag}", param_hint=flag)
+        targets = shared_targets(shared_dir if "sharedfs" in kinds else None, shared_dir_other,
+                                 shared_evict, valkey if "valkey" in kinds else "",
+                                 mooncake if "mooncake" in kinds else "")
+        order = {k: i for i, k in enumerate(kinds)}
+        columns = shared_columns(sorted(targets, key=lambda t: order[t.kind]))
+    elif shared_dir is not None:
         from kvtier.demo.longdoc import sharedfs_columns
         columns = sharedfs_columns(shared_dir, shared_dir_other or shared_dir)
     _run("longdoc", out, json_path, _options(quick, None, None), dtype, columns)

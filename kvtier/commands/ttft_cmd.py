@@ -17,7 +17,8 @@ err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 def ttft(
     lengths: str = typer.Option("1024,4096,8192", help="Comma-separated prompt lengths in tokens (max 8192)."),
-    repeats: int = typer.Option(3, min=1, help="Distinct prompts per length; figures are medians."),
+    repeats: str = typer.Option("3", help="Distinct prompts per length (figures are medians): N, or one count "
+                                "per length, e.g. 3,2,1 for 1024,4096,8192."),
     dtype: str = dtype_option(),
     model: Path = typer.Option(None, help="HF model folder (default: the bundled model)."),
     workdir: Path = typer.Option(None, help="Scratch directory for caches and engine logs "
@@ -32,6 +33,17 @@ def ttft(
                               "vanilla,kvtier-w,kvtier-r,example-w,example-r,peer:NAME (readers need their "
                               "writer)."),
     max_batched: int = typer.Option(2048, help="max_num_batched_tokens (below the prompt length = chunked prefill)."),
+    sharedfs: Path = typer.Option(None, "--sharedfs", help="add a shared-filesystem hit: this directory on a shared "
+                                  "mount (written from kvtier-w's chunks)"),
+    sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="the same directory through a second mount "
+                                       "(the reading engine's 'machine'; default: --sharedfs)"),
+    sharedfs_evict: str = typer.Option("", "--sharedfs-evict", help="paths whose page cache is dropped before "
+                                       "each shared-FS hit (e.g. JuiceFS's data directory), comma-separated"),
+    valkey: str = typer.Option("", "--valkey", help="add a Valkey/Redis hit: server URL"),
+    mooncake: str = typer.Option("", "--mooncake", help="add a Mooncake Store hit: MASTER,METADATA_URL"),
+    resume: bool = typer.Option(False, "--resume", help="keep --workdir and take roles not run now from an "
+                                "earlier invocation there (a long run split into jobs)"),
+    diag: bool = typer.Option(False, "--diag", help="one extra hit per kvtier role under cProfile (in --json)"),
 ) -> None:
     """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
     try:
@@ -42,6 +54,13 @@ def ttft(
         raise typer.BadParameter("--lengths must each be between 300 and 8192 tokens")
     choice = resolve_cli_dtype(dtype)
     from kvtier.bench.ttft import ALL_ROLES, TtftCheckFailed, check_report, report_json, report_markdown, run_ttft
+    from kvtier.bench.ttft_engine import parse_repeats
+
+    try:
+        reps = parse_repeats(repeats, ns)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    targets = shared_targets(sharedfs, sharedfs_read, sharedfs_evict, valkey, mooncake)
 
     role_list = None
     if roles:
@@ -58,9 +77,9 @@ def ttft(
         raise typer.Exit(2)
     workdir = workdir or kvtier_home() / "bench" / "ttft"
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    report = run_ttft(str(model), workdir, ns, repeats=repeats, dtype=choice.dtype, with_example=example,
+    report = run_ttft(str(model), workdir, ns, repeats=reps, dtype=choice.dtype, with_example=example,
                       timeout_s=timeout_s, command=command, log=lambda m: err.print(m), roles=role_list,
-                      max_batched=max_batched, with_peers=peers)
+                      max_batched=max_batched, with_peers=peers, shared=targets, resume=resume, diag=diag)
     md = report_markdown(report)
     print(md)
     if json_path:
@@ -74,6 +93,41 @@ def ttft(
     except TtftCheckFailed as e:
         err.print(f"[red]error: {e}[/]")
         raise typer.Exit(1) from None
+
+
+def shared_targets(sharedfs: Path | None, sharedfs_read: Path | None, sharedfs_evict: str, valkey: str,
+                   mooncake: str) -> tuple:
+    """The ``SharedTarget`` of each shared backend given on the command line (validated)."""
+    from kvtier.bench.shared_seed import SharedTarget
+    from kvtier.config import ConfigError
+
+    out = []
+    try:
+        if sharedfs is not None:
+            for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
+                if p is not None and not p.is_dir():
+                    raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
+            base = {"kind": "sharedfs", "janitor": False}
+            out.append(SharedTarget("sharedfs", {**base, "path": str(sharedfs)},
+                                    {**base, "path": str(sharedfs_read or sharedfs)},
+                                    tuple(x for x in sharedfs_evict.split(",") if x)))
+        if valkey:
+            from urllib.parse import urlsplit
+
+            if urlsplit(valkey).password or urlsplit(valkey).username:
+                raise typer.BadParameter("a URL with credentials would reach the engine's logged vLLM config; "
+                                         "benchmark a server without a password", param_hint="--valkey")
+            cfg = {"kind": "valkey", "url": valkey}
+            out.append(SharedTarget("valkey", cfg, cfg))
+        if mooncake:
+            master, _, meta = mooncake.partition(",")
+            if not master or not meta:
+                raise typer.BadParameter("expected MASTER,METADATA_URL", param_hint="--mooncake")
+            cfg = {"kind": "mooncake", "master": master, "metadata_server": meta}
+            out.append(SharedTarget("mooncake", cfg, cfg))
+    except ConfigError as e:
+        raise typer.BadParameter(str(e)) from None
+    return tuple(out)
 
 
 def register(app: typer.Typer) -> None:

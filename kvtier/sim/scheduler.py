@@ -36,6 +36,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from kvtier.sim.admission import Admission, SimRequest as _Req
 from kvtier.sim.costs import StepCost
 from kvtier.sim.load import LoadSpec, conversation_starts
 from kvtier.sim.prefix_cache import PrefixCacheModel
@@ -61,31 +62,7 @@ class SimResult:
     counters: dict[str, int]
 
 
-class _Req:
-    __slots__ = ("r", "send", "prompt", "out", "done", "remaining", "cached", "private", "units", "stored",
-                 "done_ctx", "ncommit", "gen", "epoch", "g0", "alloc", "admitted")
-
-    def __init__(self, r: int, send: float, prompt: int, out: int) -> None:
-        self.r, self.send, self.prompt, self.out = r, send, prompt, out
-        self.done = self.remaining = self.private = 0
-        self.cached: list[int] = []
-        self.units: list[int] = []
-        self.stored = 0          # chunks kvtier held at admission (saving starts after them)
-        self.done_ctx = 0
-        self.ncommit = 0         # units [0, ncommit) went through the prefix cache (hit or committed)
-        self.gen = 0             # tokens generated before a preemption (recomputed with the prompt)
-        self.epoch = 0           # +1 per preemption: heap entries of an earlier admission are stale
-        self.g0 = 0              # the step that completed this admission's prefill
-        self.alloc = 0           # KV blocks held (hit + private)
-        self.admitted = False    # the first admission's hits are what the request reports
-
-    @property
-    def plen(self) -> int:
-        """Tokens to prefill on this admission: the prompt plus what a preemption discarded."""
-        return self.prompt + self.gen
-
-
-class EngineSim:
+class EngineSim(Admission):
     """One simulated engine + store over a trace. ``run()`` is the whole simulation."""
 
     def __init__(self, trace: SimTrace, profile: SimProfile, load: LoadSpec) -> None:
@@ -393,67 +370,3 @@ class EngineSim:
                                 tier_tokens=tiers, load_s=load_arr,
                                 output_tokens=np.asarray(out_tokens, dtype=np.int64), duration_s=float(now),
                                 steps=steps, counters=counters)
-
-    def _admit(self, q: _Req, tiers: dict[str, np.ndarray], load_arr: np.ndarray, tier_keys: list[str]) -> float | None:
-        """Look the prompt up, allocate KV blocks; the synchronous kvtier load time, or None
-        when the KV cache has no room now. The first admission's hits are recorded."""
-        U, cu, tr = self.U, self.chunk_units, self.trace
-        plen = q.prompt + q.gen
-        units = tr.hashes[tr.hoffsets[q.r]:tr.hoffsets[q.r + 1]].tolist()
-        max_hit = min(len(units), (plen - 1) // U)
-        gpu_hit = self.cache.match(units[:max_hit])
-        total_units = -(-plen // U) if self.profile.engine.preemption else -(-(q.prompt + q.out) // U)
-        hit = units[:gpu_hit]
-        ext_units, where, keys = 0, [], []
-        if self.store is not None:
-            keys = units[cu - 1::cu]
-            where = self.store.lookup(keys)
-            ext_units = len(where) * cu
-            ext_units = min(ext_units, max_hit)
-            q.stored = len(where)
-        if ext_units > gpu_hit:
-            hit = units[:ext_units]
-        if not self.cache.can_allocate(hit[:gpu_hit], total_units):
-            return None
-        # units loaded from kvtier are this request's own blocks (cached at commit, like computed ones)
-        self.cache.acquire(hit[:gpu_hit], total_units)
-        q.cached = list(hit[:gpu_hit])
-        q.ncommit = gpu_hit
-        q.private = total_units - gpu_hit
-        q.alloc = total_units
-        q.units = units
-        r = q.r
-        first = not q.admitted
-        q.admitted = True
-        if first:
-            tiers["gpu"][r] = gpu_hit * U
-        load_t = 0.0
-        if ext_units > gpu_hit:
-            first_c, last_c = gpu_hit // cu, -(-ext_units // cu)       # chunks overlapping the claim
-            ks, ws = keys[first_c:last_c], where[first_c:last_c]
-            load_t = self.store.read(ks, ws)
-            if first:
-                for j, w in zip(range(first_c, last_c), ws):
-                    n_units = min((j + 1) * cu, ext_units) - max(j * cu, gpu_hit)
-                    tiers[tier_keys[w]][r] += n_units * U
-        if first:
-            load_arr[r] = load_t
-        q.done = len(hit) * U
-        q.remaining = plen - q.done
-        return load_t
-
-    def _commit(self, q: _Req, upto: int) -> None:
-        upto = min(upto, len(q.units))
-        if upto > q.ncommit:
-            newly = self.cache.commit(q.units[q.ncommit:upto])
-            q.cached.extend(newly)
-            q.private -= len(newly)
-            q.ncommit = upto
-
-    def _complete_prefill(self, q: _Req) -> None:
-        units = q.units
-        self._commit(q, len(units))
-        if self.store is not None and self.profile.save:
-            cu = self.chunk_units
-            self.store.save(units[cu - 1::cu], q.stored)     # never re-save what the store held
-        q.units = []

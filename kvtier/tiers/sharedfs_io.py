@@ -6,7 +6,8 @@ local SSD tier, ``concurrent.futures`` joins its threads at interpreter exit): i
 every syscall on a ``DaemonPool`` of fixed size, so a stall holds at most that many
 threads and never blocks exit or the local tiers. Reads land in a pool-owned bounce
 buffer and are copied to the caller only while the caller still waits (a stalled read
-that completes late never writes into a buffer the caller has reused).
+that completes late never writes into a buffer the caller has reused). The syscall loops and
+the per-thread bounce buffer are the local SSD tier's (``diskio``); only the threads differ.
 
 Side-effect free except the functions' documented file operations.
 """
@@ -14,7 +15,6 @@ Side-effect free except the functions' documented file operations.
 from __future__ import annotations
 
 import errno
-import mmap
 import os
 import queue
 import threading
@@ -22,9 +22,9 @@ from typing import Callable
 
 from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, check_read_size, checksum, decode_header,
                           pack_trailer, verify_digest)
+from kvtier.tiers.diskio import _bounce, _preadv_all, _writev_all
 
 MIN_FILE = HEADER_SIZE + TRAILER_SIZE
-_tls = threading.local()
 
 
 class DaemonPool:
@@ -137,15 +137,9 @@ def fan_out(pool: DaemonPool, b: Batch, fn: Callable[[int], None]) -> None:
 
 
 def bounce(size: int) -> memoryview:
-    """This thread's scratch buffer of at least ``size`` bytes (grown on demand, reused)."""
-    buf: mmap.mmap | None = getattr(_tls, "buf", None)
-    if buf is None or len(buf) < size:
-        if buf is not None:
-            _tls.view.release()
-            buf.close()
-        buf = mmap.mmap(-1, max(size, 1 << 16))
-        _tls.buf, _tls.view = buf, memoryview(buf)
-    return _tls.view
+    """This thread's scratch buffer of at least ``size`` bytes (grown on demand, reused): diskio's.
+    The shared tier's threads never run the SSD tier's I/O, so the two never share one."""
+    return _bounce(size)
 
 
 def probe_write(path: str) -> None:
@@ -181,17 +175,13 @@ def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tu
         check_read_size(namespace_digest, size)   # the bounce buffer never grows past min(limit, read limit)
         if plen > limit:
             head = bounce(HEADER_SIZE)[:HEADER_SIZE]
-            if os.preadv(fd, [head], 0) < HEADER_SIZE:
+            if _preadv_all(fd, [head], 0) < HEADER_SIZE:
                 raise ChunkError("torn", "short header")
             if decode_header(head, namespace_digest, key).payload_len != plen:
                 raise ChunkError("torn", f"file is {size} bytes, header disagrees")
             raise ValueError(f"output buffer has {limit} bytes, chunk needs {plen}")
-        view, got = bounce(size)[:size], 0
-        while got < size:
-            n = os.preadv(fd, [view[got:]], got)
-            if n == 0:
-                break
-            got += n
+        view = bounce(size)[:size]
+        got = _preadv_all(fd, [view], 0)
         if got != size:
             raise ChunkError("torn", f"read {got} of {size} bytes")
         head, payload, trailer = view[:HEADER_SIZE], view[HEADER_SIZE:HEADER_SIZE + plen], view[HEADER_SIZE + plen:]
@@ -205,22 +195,65 @@ def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tu
         os.close(fd)
 
 
-def publish(tmp: str, final: str) -> None:
-    """Give the complete file ``tmp`` its final name without ever replacing an existing one:
-    ``link(2)`` (fails with EEXIST when another machine published the key first: its identical
-    bytes stay, and other clients' cached entries for it stay valid), then drop ``tmp``. Where
-    hard links are unsupported, ``rename`` (a duplicate then replaces identical bytes: readers
-    on other mounts may miss it for their entry-cache time). Raises OSError (ENOENT: no leaf
-    directory yet)."""
+def _load_renameat2():
+    import ctypes
+
     try:
-        os.link(tmp, final)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
-            raise
-        os.rename(tmp, final)
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_RENAMEAT2 = _load_renameat2()
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_NO_RENAME2 = {errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP}
+_renameat2_ok = _RENAMEAT2 is not None       # cleared for the process once a filesystem refuses it
+
+
+def _rename_noreplace(tmp: str, final: str) -> bool | None:
+    """renameat2(RENAME_NOREPLACE): True = published, False = ``final`` exists (tmp left), None =
+    not supported here. Raises OSError for anything else."""
+    global _renameat2_ok
+    if not _renameat2_ok:
+        return None
+    import ctypes
+
+    if _RENAMEAT2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(final), _RENAME_NOREPLACE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err == errno.EEXIST:
+        return False
+    if err in _NO_RENAME2:
+        _renameat2_ok = False
+        return None
+    raise OSError(err, os.strerror(err), final)
+
+
+def publish(tmp: str, final: str) -> None:
+    """Give the complete file ``tmp`` its final name without ever replacing an existing one (another
+    machine's identical bytes stay, and other clients' cached entries for it stay valid), then drop
+    ``tmp`` if it is left: ``renameat2(RENAME_NOREPLACE)`` — one metadata operation — where the
+    filesystem has it (ext4, XFS, FUSE mounts that implement it, e.g. JuiceFS); else ``link(2)``
+    (EEXIST when the key is published) + ``unlink``; where hard links are unsupported too,
+    ``rename`` (a duplicate then replaces identical bytes: readers on other mounts may miss it for
+    their entry-cache time). Raises OSError (ENOENT: no leaf directory yet)."""
+    done = _rename_noreplace(tmp, final)
+    if done is True:
         return
+    if done is None:
+        try:
+            os.link(tmp, final)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EMLINK, errno.ENOSYS):
+                raise
+            os.rename(tmp, final)
+            return
     try:
         os.unlink(tmp)
     except FileNotFoundError:
@@ -233,15 +266,7 @@ def write_chunk(tmp: str, header: bytes | bytearray, payload: memoryview, *, fsy
     trailer = pack_trailer(checksum(header, payload))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
-        parts = [memoryview(header), payload, memoryview(trailer)]
-        parts = [p for p in parts if len(p)]
-        while parts:
-            n = os.writev(fd, parts)
-            while parts and n >= len(parts[0]):
-                n -= len(parts[0])
-                parts.pop(0)
-            if parts and n:
-                parts[0] = parts[0][n:]
+        _writev_all(fd, [memoryview(header), payload, memoryview(trailer)])
         if fsync:
             os.fsync(fd)
     finally:

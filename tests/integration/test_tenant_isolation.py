@@ -8,17 +8,22 @@ gets 0 even with the same salt. Every completion (greedy, float32) is the same t
 
 Engines (one process each, fresh RAM; "X only" = RAM and SSD off):
 
-  a  RAM + SSD + Valkey           alice 0, bob 0 (RAM), alice hit (RAM)       fills SSD, Valkey
-  b  SSD + Mooncake               carol 0 (SSD), alice hit (SSD)              fills Mooncake (carol)
-  c  shared fs only               sam 0, sam hit (fs), zed 0 (fs)             fills the fs
-  d  Valkey only, other deploy.   alice 0 (deployment), alice hit, zed 0 (Valkey)
-  e  Mooncake only, other dep.    carol 0 (deployment), carol hit, zed 0 (Mooncake)
-  f  shared fs only, other dep.   sam 0 (deployment)
-  w  RAM + SSD + Valkey with a wrong password: serves (alice 0, alice hit from RAM), the tier is
-     counted unavailable (auth_failed), one error line, the secret in no log, snapshot or `kvtier stats`.
+  a  RAM + SSD + Mooncake            alice 0, bob 0 (RAM), alice hit (RAM)     fills SSD, Mooncake
+  b  SSD + Valkey, wrong password    carol 0 (SSD), alice hit (SSD); the Valkey tier is off: one error
+                                     line, auth_failed in the snapshots and `kvtier stats`, the secret
+                                     in no log, snapshot or `kvtier stats` output
+  c  shared fs (JuiceFS) only        sam 0, sam hit, zed 0 (shared fs)          fills the shared fs
+  d  Valkey only                     dave 0, dave hit, zed 0 (Valkey)
+  e  Mooncake only, other deploym.   alice 0 (deployment), alice hit, zed 0 (Mooncake)
+  f  shared fs only, other deploym.  sam 0 (deployment)
 
-Cost on a 2-core AVX2 CPU (float32): seven server starts and ~20 short prefills (see the report of
-the run that last changed this file for the measured time).
+Valkey's deployment separation is shown on the tier against a real server
+(tests/integration/test_valkey_tier.py::test_another_deployment_never_reads_these_chunks): a seventh
+engine start would cost more than it adds (the prefix is backend-independent: it is in the namespace
+digest every key and header carries).
+
+Cost on a 2-core AVX2 CPU (float32): six server starts (~30 s each on a quiet machine, up to 2 min
+with other jobs beside it) and ~20 short prefills.
 """
 
 from __future__ import annotations
@@ -124,50 +129,48 @@ def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
     sharedfs = _timeouts({"kind": "sharedfs", "path": str(fs_dir), "create": True})
     disk = {"enabled": True, "path": str(ssd)}
 
-    with _serve(_spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": disk, "shared": valkey}), tmp_path) as s:
+    # a: alice fills RAM, SSD and Mooncake; bob (same prompt, another salt) must not hit RAM.
+    with _serve(_spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": disk, "shared": mooncake}),
+                tmp_path) as s:
         assert c.cached(s, "alice") == 0
         assert c.cached(s, "bob") == 0                      # other tenant: no RAM hit
         hit = c.cached(s, "alice")
         assert hit > 0                                      # same tenant: RAM hit
-    with _serve(_spec("b", model, {"disk": disk, "shared": mooncake}), tmp_path) as s:
-        assert c.cached(s, "carol") == 0                    # a fresh process on the same SSD: no other salt's KV
+
+    # b: a fresh process on the same SSD whose Valkey tier has a wrong password: it serves from the
+    # SSD, the tier is off (one error line, auth_failed counted), the secret is in no log or report.
+    wrong = _timeouts({"kind": "valkey", "url": f"redis://127.0.0.1:{valkey_password_server.port}/0",
+                       "password": WRONG})
+    with _serve(_spec("b", model, {"disk": disk, "shared": wrong}), tmp_path) as s:
+        assert c.cached(s, "carol") == 0                    # a salt never seen: no other salt's KV on the SSD
         assert c.cached(s, "alice") == hit                  # SSD hit
+        time.sleep(1.5)                                     # a stats snapshot after the requests
+    log = (tmp_path / "b.log").read_text(errors="replace")
+    assert "refused the credentials" in log
+    snapshots = "".join(p.read_text() for p in (ssd / "_stats").glob("*.json"))
+    assert "auth_failed" in snapshots
+    cli = subprocess.run([sys.executable, "-m", "kvtier.cli", "stats", str(ssd), "--json"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT)
+    assert cli.returncode == 0 and "auth_failed" in cli.stdout, cli.stderr
+
     with _serve(_spec("c", model, {"shared": sharedfs}), tmp_path) as s:
         assert c.cached(s, "sam") == 0
         assert c.hit_soon(s, "sam") == hit                  # shared-fs hit (the engine's own chunks)
-        assert c.cached(s, "zed") == 0                      # shared fs holds sam's chunks: not zed's
-    with _serve(_spec("d", model, {"shared": valkey, "deployment": "other-team"}), tmp_path) as s:
-        assert c.cached(s, "alice") == 0                    # another deployment on the same Valkey
-        assert c.hit_soon(s, "alice") == hit                # Valkey hit
-        assert c.cached(s, "zed") == 0                      # Valkey holds alice's chunks: not zed's
+        assert c.cached(s, "zed") == 0                      # the shared fs holds sam's chunks: not zed's
+    with _serve(_spec("d", model, {"shared": valkey}), tmp_path) as s:
+        assert c.cached(s, "dave") == 0
+        assert c.hit_soon(s, "dave") == hit                 # Valkey hit
+        assert c.cached(s, "zed") == 0                      # Valkey holds dave's chunks: not zed's
     with _serve(_spec("e", model, {"shared": mooncake, "deployment": "other-team"}), tmp_path) as s:
-        assert c.cached(s, "carol") == 0                    # another deployment on the same Mooncake
-        assert c.hit_soon(s, "carol") == hit                # Mooncake hit
+        assert c.cached(s, "alice") == 0                    # another deployment on the same Mooncake
+        assert c.hit_soon(s, "alice") == hit                # Mooncake hit
         assert c.cached(s, "zed") == 0
     with _serve(_spec("f", model, {"shared": sharedfs, "deployment": "other-team"}), tmp_path) as s:
         assert c.cached(s, "sam") == 0                      # another deployment on the same shared fs
 
-    # w: a wrong Valkey password. The engine serves from its local tiers; the tier is off, counted.
-    w_ssd = tmp_path / "w"
-    wrong = _timeouts({"kind": "valkey", "url": f"redis://127.0.0.1:{valkey_password_server.port}/0",
-                       "password": WRONG})
-    w = _spec("w", model, {"memory": {"capacity": "256MiB"}, "disk": {"enabled": True, "path": str(w_ssd)},
-                           "shared": wrong})
-    with _serve(w, tmp_path) as s:
-        assert c.cached(s, "alice") == 0
-        assert c.cached(s, "alice") == hit                  # RAM hit: kvtier works without the tier
-        time.sleep(1.5)                                     # a snapshot after the requests
-    log = (tmp_path / "w.log").read_text(errors="replace")
-    assert "refused the credentials" in log
-    snapshots = "".join(p.read_text() for p in (w_ssd / "_stats").glob("*.json"))
-    assert "auth_failed" in snapshots
-    cli = subprocess.run([sys.executable, "-m", "kvtier.cli", "stats", str(w_ssd), "--json"], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
-    assert cli.returncode == 0, cli.stderr
-    assert "auth_failed" in cli.stdout
+    logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))
     for secret in (WRONG, valkey_password_server.password):
-        for name, text in [("server logs", "".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))),
-                           ("snapshots", snapshots), ("kvtier stats", cli.stdout + cli.stderr)]:
+        for name, text in [("server logs", logs), ("snapshots", snapshots), ("kvtier stats", cli.stdout + cli.stderr)]:
             assert secret not in text, f"a password appears in the {name}"
 
     texts = {t for _, _, t in c.texts}

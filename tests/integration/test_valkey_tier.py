@@ -105,3 +105,24 @@ def test_password_from_env_never_shown(valkey_password_server: ValkeyServer, cap
     cfg2 = ValkeyConfig(url=valkey_password_server.url)
     assert secret not in cfg2.url and secret not in repr(cfg2)
     assert ValkeyTier.open(cfg2, NS, Telemetry()).write(items(chain(1, seed=3))) == [True]
+
+
+def test_another_deployment_never_reads_these_chunks(valkey_server: ValkeyServer):
+    """``store.deployment`` on a shared Valkey: equal chunk keys, another deployment -> no hit, no bytes."""
+    from dataclasses import replace
+
+    mine, _ = _open(valkey_server.url)
+    theirs = ValkeyTier.open(ValkeyConfig(url=valkey_server.url), replace(NS, deployment="other-team"), Telemetry())
+    try:
+        chunks = chain(3)
+        keys = [m.key for m, _ in chunks]
+        assert mine.write(items(chunks)) == [True] * 3
+        assert theirs.longest_prefix(keys, Deadline.after(5)).num_chunks == 0
+        assert {r.status for r in theirs.read_into(keys, buffers(chunks), Deadline.after(5))} == {Status.MISS}
+        # even a value copied under their key name is refused: its header names the other namespace
+        c = valkey_server.client()
+        c.set(theirs._rk(keys[0]), c.get(mine._rk(keys[0])))
+        assert theirs.read_into(keys[:1], buffers(chunks[:1]), Deadline.after(5))[0].error == "namespace_mismatch"
+    finally:
+        mine.close()
+        theirs.close()

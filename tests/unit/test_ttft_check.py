@@ -65,3 +65,20 @@ def test_expected_hit_tokens_uses_a_partly_used_last_chunk() -> None:
     ev = _ev(expect_tokens=896, vllm_cached_tokens=896,
              kvtier_delta={"kvtier_connector_loaded_tokens_total": 896.0, "kvtier_store_hits_total{tier=disk}": 4.0})
     assert verify_kvtier_hit(ev, "disk") == []          # (measured: 4 chunk reads for a 1024-token prompt)
+
+
+def test_a_shared_tier_without_read_counters_is_proved_by_admission_and_no_local_read() -> None:
+    ev = _ev(kvtier_delta={"kvtier_connector_loaded_tokens_total": 768.0,
+                           "kvtier_connector_hit_tokens_total{tier=shared}": 768.0,
+                           "kvtier_store_misses_total{tier=memory}": 3.0})
+    assert verify_kvtier_hit(ev, "valkey") == []
+    local = _ev(kvtier_delta={"kvtier_connector_loaded_tokens_total": 768.0,
+                              "kvtier_connector_hit_tokens_total{tier=shared}": 768.0,
+                              "kvtier_store_hits_total{tier=memory}": 3.0})
+    assert any("served by the memory tier, not valkey" in b for b in verify_kvtier_hit(local, "valkey"))
+    short = _ev(kvtier_delta={"kvtier_connector_loaded_tokens_total": 768.0,
+                              "kvtier_connector_hit_tokens_total{tier=shared}": 512.0})
+    assert any("512 tokens admitted from the shared tier" in b for b in verify_kvtier_hit(short, "mooncake"))
+    # sharedfs counts its reads: the strict rule applies
+    assert verify_kvtier_hit(_ev(kvtier_delta={"kvtier_connector_loaded_tokens_total": 768.0,
+                                               "kvtier_store_hits_total{tier=sharedfs}": 3.0}), "sharedfs") == []

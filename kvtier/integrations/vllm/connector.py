@@ -131,7 +131,8 @@ class KvtierConnector(KVConnectorBase_V1):
             local_budget = (mem.capacity if mem.enabled else 0) + (disk.capacity if disk.enabled else 0)
             self._sched = SchedulerSide(
                 self.store, self.namespace, block_size=block_size, save=cfg.connector.save,
-                min_hit_chunks=cfg.connector.min_hit_chunks, metrics=self.metrics,
+                min_hit_chunks=cfg.connector.min_hit_chunks, save_generated=cfg.connector.save_generated,
+                metrics=self.metrics,
                 request_log=RequestLog(cfg.connector.request_log),
                 worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
                 shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5)
@@ -176,7 +177,8 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._worker is None:
             return None, None
         done = self._worker.get_finished(finished_req_ids)
-        return None, (done or None)
+        sent = self._worker.take_released()     # finished requests whose last saves are copied
+        return (sent or None), (done or None)
 
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: "AttentionMetadata",
                       **kwargs: Any) -> None:
@@ -247,6 +249,8 @@ class KvtierConnector(KVConnectorBase_V1):
             self._sched.on_finished_recving(connector_output.finished_recving)
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        delay = self._sched.finished(request) if self._sched is not None else False
-        # saves copied out of the blocks already; free them now unless an async load still writes them
-        return delay, None
+        if self._sched is None:
+            return False, None
+        # True: an async load still writes the blocks, or their last full chunks are still to be
+        # saved (save_generated); the worker's get_finished releases them
+        return self._sched.finished(request, None if self._unsupported else block_ids), None

@@ -36,22 +36,29 @@ class LoadPlan:
 
 @dataclass(frozen=True)
 class SaveChunk:
-    """Save one fully computed chunk (index ``chunk_index`` of the prompt) from ``block_ids``."""
+    """Save one fully computed chunk (index ``chunk_index`` of the request's tokens) from ``block_ids``.
+
+    ``generated``: the chunk covers generated tokens (saved only with ``connector.save_generated``)."""
 
     req_id: str
     chunk_index: int
     key: bytes
     parent: bytes | None
     block_ids: tuple[int, ...]
+    generated: bool = False
 
 
 @dataclass
 class KvtierConnectorMetadata(KVConnectorMetadata):
+    """``releases``: finished requests whose blocks vLLM keeps until the worker has copied this
+    step's saves out of them; the worker reports them in ``get_finished`` (finished_sending)."""
+
     loads: list[LoadPlan] = field(default_factory=list)
     saves: list[SaveChunk] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not self.loads and not self.saves
+        return not self.loads and not self.saves and not self.releases
 
 
 @dataclass
@@ -61,6 +68,23 @@ class LoadOutcome:
     loaded_tokens: int = 0
     failed_tokens: int = 0
     error: str | None = None
+
+
+@dataclass
+class SaveOutcome:
+    """What a worker saved for one request in one step: chunks and bytes the store accepted (of
+    them, those covering generated tokens) and chunks that were not saved (refused or failed)."""
+
+    chunks: int = 0
+    nbytes: int = 0
+    generated_chunks: int = 0
+    generated_bytes: int = 0
+    failed: int = 0
+
+    def add(self, other: "SaveOutcome") -> "SaveOutcome":
+        return SaveOutcome(self.chunks + other.chunks, self.nbytes + other.nbytes,
+                           self.generated_chunks + other.generated_chunks,
+                           self.generated_bytes + other.generated_bytes, self.failed + other.failed)
 
 
 @dataclass
@@ -83,6 +107,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     missing_keys: list[bytes] = field(default_factory=list)   # claimed but not loadable any more
     stored_tiers: list[str] = field(default_factory=list)     # parallel to stored_keys ("" = unknown)
     evicted_keys: list[bytes] = field(default_factory=list)
+    saves: dict[str, SaveOutcome] = field(default_factory=dict)   # per request, this step (bytes: all ranks)
 
     def tier_of(self) -> dict[bytes, str]:
         tiers = self.stored_tiers + [""] * (len(self.stored_keys) - len(self.stored_tiers))
@@ -105,4 +130,8 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         stored = [k for k in self.stored_keys if k in their_keys]          # intersection, in order
         gone = self.evicted_keys + [k for k in other.evicted_keys if k not in set(self.evicted_keys)]
         missing = self.missing_keys + [k for k in other.missing_keys if k not in set(self.missing_keys)]
-        return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone)
+        saves = dict(self.saves)
+        for req_id, o in other.saves.items():
+            saves[req_id] = saves[req_id].add(o) if req_id in saves else o
+        return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone,
+                                    saves)

@@ -36,6 +36,10 @@ LOADED_TOKENS = Counter("kvtier_connector_loaded_tokens_total", "Tokens copied i
 LOAD_BYTES = Counter("kvtier_connector_load_bytes_total", "KV bytes copied into vLLM blocks")
 STORE_BYTES = Counter("kvtier_connector_store_bytes_total", "KV bytes handed to the store")
 STORED_CHUNKS = Counter("kvtier_connector_stored_chunks_total", "Chunks accepted by the store")
+GENERATED_STORE_BYTES = Counter("kvtier_connector_generated_store_bytes_total", "KV bytes handed to the store for "
+                                "chunks covering generated tokens (connector.save_generated)")
+GENERATED_STORED_CHUNKS = Counter("kvtier_connector_generated_stored_chunks_total", "Chunks covering generated "
+                                  "tokens accepted by the store")
 DROPPED = Counter("kvtier_connector_dropped_stores_total", "Chunks the store refused (queue full, no room)")
 ERRORS = Counter("kvtier_connector_errors_total", "Connector failures by kind (each becomes a miss)", ["kind"])
 LOAD_SECONDS = Histogram("kvtier_connector_load_seconds", "Per-request synchronous load time", buckets=_LAT)
@@ -69,13 +73,16 @@ class ConnectorMetrics:
         LOAD_PHASE_SECONDS.labels("wait").observe(wait_s)
         LOAD_PHASE_SECONDS.labels("copy").observe(copy_s)
 
-    def stored(self, nbytes: int, seconds: float, dropped: bool) -> None:
+    def stored(self, nbytes: int, seconds: float, dropped: bool, generated: bool = False) -> None:
         SAVE_SECONDS.observe(seconds)
         if dropped:
             DROPPED.inc()
         else:
             STORED_CHUNKS.inc()
             STORE_BYTES.inc(nbytes)
+            if generated:
+                GENERATED_STORED_CHUNKS.inc()
+                GENERATED_STORE_BYTES.inc(nbytes)
 
     def error(self, kind: str) -> None:
         ERRORS.labels(kind).inc()

@@ -11,6 +11,13 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
   computed in this step (chunked prefill: only chunks complete after this step).
 - Chunks the store already holds are never saved again; preemption restarts the request
   (vLLM calls ``num_new_matched_tokens`` again); ``finished`` (also abort) drops its state.
+- ``save_generated``: the request's keys grow with its known tokens (``all_token_ids``: prompt +
+  sampled tokens, never spec-decode drafts or async-scheduling placeholders), so the full chunks
+  covering generated tokens are saved as decode fills them, with the same chained keys a next
+  turn's prompt (the same ids up to the end of the reply) looks up. The last sampled token has no
+  KV yet. A chunk completed in a step whose tokens were not known at scheduling (async
+  scheduling) is saved at ``finished``: vLLM keeps the blocks (delay_free_blocks) until the worker
+  has copied them (``releases`` -> finished_sending).
 - Worker reports (``on_worker_meta``) record what was actually loaded per request, next to
   what was claimed, in the request log (JSON lines) and the metrics, and feed the
   ``Directory`` of the worker's chunks (stored, promoted, evicted).
@@ -42,7 +49,7 @@ from kvtier.integrations.vllm.metadata import (
     LoadPlan,
     SaveChunk,
 )
-from kvtier.keys import ChunkKey, Namespace, chunk_keys
+from kvtier.keys import ChunkKey, Namespace, chunk_keys, extend_chunk_keys
 
 if TYPE_CHECKING:
     from kvtier.integrations.vllm.metrics import ConnectorMetrics
@@ -95,7 +102,8 @@ def request_extra(request: Any) -> bytes:
 @dataclass
 class _ReqState:
     request: Any
-    keys: list[ChunkKey]
+    keys: list[ChunkKey]            # prompt chunks; with save_generated grown over generated tokens
+    extra: bytes = b""
     stored_chunks: int = 0          # leading chunks the store held at the last lookup
     claim_start: int = 0            # last claim: [claim_start, claim_end) tokens
     claim_end: int = 0
@@ -129,7 +137,7 @@ class RequestLog:
 
 class SchedulerSide:
     def __init__(self, store: LookupStore, namespace: Namespace, *, block_size: int, save: bool,
-                 min_hit_chunks: int, metrics: "ConnectorMetrics | None" = None,
+                 min_hit_chunks: int, save_generated: bool = False, metrics: "ConnectorMetrics | None" = None,
                  request_log: RequestLog | None = None, worker_key_capacity: int = 0,
                  shared_lookup_timeout_s: float = 0.5) -> None:
         self.store = store
@@ -138,6 +146,7 @@ class SchedulerSide:
         self.block_size = block_size
         self.blocks_per_chunk = self.chunk_size // block_size
         self.save = save
+        self.save_generated = save and save_generated
         self.min_hit_chunks = min_hit_chunks
         self.metrics = metrics
         self.log = request_log or RequestLog(None)
@@ -152,6 +161,7 @@ class SchedulerSide:
                                          on_timeout=(lambda: metrics.error("shared_lookup_timeout"))
                                          if metrics else None)
         self._loading: set[str] = set()     # requests with an asynchronous load in flight
+        self._releasing: dict[str, list[SaveChunk]] = {}   # finished: saves to ship, then free the blocks
 
     def bind(self, block_ids_of) -> None:
         self._block_ids_of = block_ids_of
@@ -173,7 +183,7 @@ class SchedulerSide:
                     if self.metrics:
                         self.metrics.error("key_fields_missing")
                 return None
-            st = _ReqState(request, chunk_keys(self.namespace, tokens, extra))
+            st = _ReqState(request, chunk_keys(self.namespace, tokens, extra), extra)
             self._reqs[request.request_id] = st
         return st
 
@@ -279,8 +289,12 @@ class SchedulerSide:
             if st is None:
                 continue
             table = self._emit_load(meta, req_id, st)
-            if self.save:
-                meta.saves.extend(self._save_chunks(req_id, st, num_new, table))
+            if self.save:   # num_computed_tokens is pre-step here
+                meta.saves.extend(self._saves_upto(req_id, st, st.request.num_computed_tokens + num_new, table))
+        for req_id, saves in self._releasing.items():    # finished requests: last chunks, then free
+            meta.saves.extend(saves)
+            meta.releases.append(req_id)
+        self._releasing.clear()
         return meta
 
     def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: _ReqState) -> list[int]:
@@ -312,37 +326,93 @@ class SchedulerSide:
             chunks.append(LoadChunk(bytes(st.keys[ci]), tuple(table[ci * bpc + first:ci * bpc + last]), first))
         return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async)
 
-    def _save_chunks(self, req_id: str, st: _ReqState, num_new: int, table: list[int]) -> list[SaveChunk]:
-        req = st.request
-        computed_after = req.num_computed_tokens + num_new   # num_computed_tokens is pre-step here
-        full = min(min(computed_after, req.num_prompt_tokens) // self.chunk_size, len(st.keys))
-        bpc = self.blocks_per_chunk
+    def _full_chunks(self, st: _ReqState, computed: int) -> int:
+        """Leading chunks of ``st``'s request whose KV exists once ``computed`` tokens are computed:
+        prompt chunks, and with ``save_generated`` those of generated tokens whose ids are known
+        (keys extended here, incrementally)."""
+        req, c = st.request, self.chunk_size
+        if not self.save_generated:
+            return min(min(computed, req.num_prompt_tokens) // c, len(st.keys))
+        tokens = req.all_token_ids
+        full = min(computed, len(tokens)) // c
+        if full > len(st.keys):
+            try:
+                extend_chunk_keys(self.namespace, st.keys, tokens, full, st.extra)
+            except ValueError as e:   # a token id outside uint32: save no further chunk of it
+                log.warning("kvtier: cannot key generated tokens of %s: %s", req.request_id, e)
+                if self.metrics:
+                    self.metrics.error("generated_key")
+        return min(full, len(st.keys))
+
+    def _saves_upto(self, req_id: str, st: _ReqState, computed: int, table: Sequence[int]) -> list[SaveChunk]:
+        """The chunks to save now: not yet saved, full once ``computed`` tokens have KV, blocks allocated."""
+        full = self._full_chunks(st, computed)
+        bpc, prompt = self.blocks_per_chunk, st.request.num_prompt_tokens
         out = []
         while st.next_save_chunk < full:
             ci = st.next_save_chunk
             blocks = table[ci * bpc:(ci + 1) * bpc]
             if len(blocks) < bpc:
                 break
-            out.append(SaveChunk(req_id, ci, bytes(st.keys[ci]),
-                                 bytes(st.keys[ci - 1]) if ci else None, tuple(blocks)))
+            generated = (ci + 1) * self.chunk_size > prompt
             st.next_save_chunk += 1
+            if generated and self._held(st.keys[ci]):   # e.g. the same reply generated again
+                continue
+            out.append(SaveChunk(req_id, ci, bytes(st.keys[ci]), bytes(st.keys[ci - 1]) if ci else None,
+                                 tuple(blocks), generated=generated))
         return out
 
+    def _held(self, key: ChunkKey) -> bool:
+        """Whether the worker's tiers or the local store hold ``key`` (index only; failure = no)."""
+        if self.directory.get(key) is not None:
+            return True
+        try:
+            return self.store.lookup([key]).num_chunks > 0
+        except Exception:   # a broken store: save (a duplicate write is harmless)
+            return False
+
     # -- completion ------------------------------------------------------------------------
-    def finished(self, request: Any) -> bool:
-        """Drop the request's state; True = vLLM must not free its blocks yet (an asynchronous
-        load still writes into them; the worker's ``finished_recving`` releases them)."""
-        self._reqs.pop(request.request_id, None)
-        self._refused.discard(request.request_id)
+    def finished(self, request: Any, block_ids: Sequence[int] | None = None) -> bool:
+        """Drop the request's state; True = vLLM must not free its blocks yet: an asynchronous load
+        still writes into them (the worker's ``finished_recving`` releases them), or, with
+        ``save_generated``, full chunks of its computed tokens (``block_ids``, vLLM's block table)
+        are still unsaved: the next step's metadata ships them with a release, and the worker's
+        ``finished_sending`` frees the blocks once it has copied them. The last sampled token has
+        no KV, so at most ``num_tokens - 1`` tokens count."""
+        req_id = request.request_id
+        st = self._reqs.pop(req_id, None)
+        self._refused.discard(req_id)
         if self._remote is not None:
-            self._remote.forget(request.request_id)
-        return request.request_id in self._loading
+            self._remote.forget(req_id)
+        if req_id in self._loading:
+            return True
+        saves: list[SaveChunk] = []
+        if st is not None and self.save_generated and block_ids is not None and st.request is request:
+            try:
+                computed = min(request.num_computed_tokens, request.num_tokens - 1)
+                saves = self._saves_upto(req_id, st, computed, list(block_ids))
+            except Exception as e:   # never fail vLLM's finish path for a cache
+                log.warning("kvtier: planning the last saves of %s failed: %s", req_id, e)
+                if self.metrics:
+                    self.metrics.error("finish_save_plan")
+                saves = []
+        if st is not None:
+            self.log.write("finished", req=req_id, prompt_tokens=request.num_prompt_tokens,
+                           tokens=len(getattr(request, "all_token_ids", ())) or request.num_prompt_tokens,
+                           saved_chunks=st.next_save_chunk, last_saves=len(saves))
+        if saves:
+            self._releasing[req_id] = saves
+            return True
+        return False
 
     def on_finished_recving(self, req_ids) -> None:
         for r in req_ids or ():
             self._loading.discard(r)
 
     def on_worker_meta(self, meta: KvtierWorkerMetadata) -> None:
+        for req_id, sv in meta.saves.items():
+            self.log.write("save", req=req_id, chunks=sv.chunks, bytes=sv.nbytes, generated_chunks=sv.generated_chunks,
+                           generated_bytes=sv.generated_bytes, failed=sv.failed)
         for req_id, o in meta.loads.items():
             self.log.write("load", req=req_id, loaded_tokens=o.loaded_tokens, failed_tokens=o.failed_tokens,
                            error=o.error)

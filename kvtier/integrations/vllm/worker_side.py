@@ -20,7 +20,11 @@ Contract:
   and their failed blocks come with ``take_load_errors`` in the same step.
 - ``save`` (from ``wait_for_save``) gathers each fully computed chunk into a staging
   buffer and hands it to ``store.put``, which copies it before returning and writes the
-  tiers in the background. When ``save`` returns, nothing references vLLM's blocks.
+  tiers in the background. When ``save`` returns, nothing references vLLM's blocks, so the
+  step's ``releases`` (finished requests whose blocks vLLM kept for these saves) are reported
+  done in the next ``get_finished`` (finished_sending), whatever became of the saves. Per
+  request, what was saved (chunks, bytes, of them generated tokens', failures) is reported in
+  the worker metadata (``saves``) and counted in the metrics.
 - Reports (``take_worker_meta``): the store's events (``store.subscribe``) become the keys
   stored/promoted into, and evicted from, this worker's local tiers — the scheduler's
   directory of what is where. A key evicted from one tier but still in another is
@@ -38,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 
 from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
-from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
+from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome, SaveOutcome
 from kvtier.integrations.vllm.reports import TierReports
 from kvtier.promoter import run_in_thread_on_any_cpu
 from kvtier.tiers.protocol import Deadline
@@ -127,6 +131,8 @@ class WorkerSide:
         self._async_buf: "torch.Tensor | None" = None
         self._async_errors: set[int] = set()
         self._failed_async_now: list[str] = []
+        self._saved: dict[str, SaveOutcome] = {}    # this step's saves per request (reported once)
+        self._released: set[str] = set()             # finished requests whose blocks vLLM may free now
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
@@ -330,8 +336,13 @@ class WorkerSide:
 
     # -- save ------------------------------------------------------------------------------
     def save(self, meta: KvtierConnectorMetadata) -> None:
-        if not meta.saves or self.disabled is not None:
-            return
+        try:
+            if meta.saves and self.disabled is None:
+                self._save(meta)
+        finally:   # the blocks of these finished requests are not referenced any more
+            self._released.update(meta.releases)
+
+    def _save(self, meta: KvtierConnectorMetadata) -> None:
         for ch in meta.saves:
             if ch.req_id in self._failed_reqs:
                 continue
@@ -345,8 +356,12 @@ class WorkerSide:
                 ok = False
                 if self.metrics:
                     self.metrics.error("store_exception")
+            n = self.chunk_nbytes if ok else 0
+            done = SaveOutcome(int(ok), n, int(ok and ch.generated), n if ch.generated else 0, int(not ok))
+            prev = self._saved.get(ch.req_id)
+            self._saved[ch.req_id] = prev.add(done) if prev is not None else done
             if self.metrics:
-                self.metrics.stored(self.chunk_nbytes if ok else 0, time.perf_counter() - t0, dropped=not ok)
+                self.metrics.stored(n, time.perf_counter() - t0, dropped=not ok, generated=ch.generated)
 
     def end_step(self) -> None:
         """Called after the step's saves: failed requests may save again next step."""
@@ -380,6 +395,11 @@ class WorkerSide:
         assert self._async_buf is not None
         self.layout.scatter(self.layers, block_ids, self._async_buf, first_block=first_block)
 
+    def take_released(self) -> set[str]:
+        """Finished requests whose last saves were copied out of their blocks (finished_sending)."""
+        out, self._released = self._released, set()
+        return out
+
     def get_finished(self, finished_req_ids: set[str]) -> set[str]:
         """Requests whose asynchronous load completed (ok or not) since the last call; their
         failed blocks are added to what ``take_load_errors`` returns next (same step)."""
@@ -408,11 +428,11 @@ class WorkerSide:
 
     def take_worker_meta(self) -> KvtierWorkerMetadata | None:
         stored, evicted = self.reports.take()
-        if not (self._outcomes or stored or evicted or self._missing or self.always_report):
+        if not (self._outcomes or stored or evicted or self._missing or self._saved or self.always_report):
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
-                                    list(stored.values()), evicted)
-        self._outcomes, self._missing = {}, []
+                                    list(stored.values()), evicted, self._saved)
+        self._outcomes, self._missing, self._saved = {}, [], {}
         return meta
 
     def close(self) -> None:
