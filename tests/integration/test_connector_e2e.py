@@ -31,7 +31,6 @@ Budget: <= 5 minutes on a 2-core AVX2 CPU.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -39,6 +38,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.integration.driver_result import driver_result
 
 pytestmark = pytest.mark.integration
 
@@ -61,16 +61,7 @@ def _start(role: str, model: Path, out: Path, cpu: int | None, *extra: str) -> t
 
 def _finish(role: str, started: tuple[subprocess.Popen, Path], timeout: float = 600) -> dict:
     proc, out = started
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        rc = -9
-    if rc != 0:
-        tail = out.with_suffix(".stderr").read_text(errors="replace")[-4000:]
-        raise AssertionError(f"driver {role} failed ({rc}):\n{tail}")
-    return json.loads(out.read_text())["phases"]
+    return driver_result(proc, out, out.with_suffix(".stderr"), f"driver {role}", timeout)["phases"]
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,6 @@ the 2-core AVX2 CPU with other helpers' jobs beside it (load average ~12); less 
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -35,6 +34,7 @@ import numpy as np
 import pytest
 
 from tests.integration.test_connector_e2e import mismatches
+from tests.integration.driver_result import driver_result
 
 pytestmark = pytest.mark.integration
 
@@ -59,15 +59,7 @@ def _start(role: str, model: Path, d: Path, cpu: int) -> tuple[subprocess.Popen,
 
 def _finish(started: tuple[subprocess.Popen, Path], timeout: float = 400) -> dict:
     proc, out = started
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        rc = -9
-    if rc != 0:
-        raise AssertionError(f"driver failed ({rc}):\n" + out.with_suffix(".stderr").read_text(errors="replace")[-4000:])
-    return json.loads(out.read_text())
+    return driver_result(proc, out, out.with_suffix(".stderr"), "driver", timeout)
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.integration.driver_result import driver_result
 
 pytestmark = pytest.mark.integration
 
@@ -40,16 +41,7 @@ def _start(role: str, model: Path, shared: Path, out: Path, log: Path, cpu: int,
 
 
 def _finish(role: str, proc: subprocess.Popen, out: Path, log: Path, timeout: float = 600) -> dict:
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        rc = -9
-    if rc != 0:
-        err = out.with_suffix(".stderr")
-        raise AssertionError(f"driver {role} failed ({rc}):\n{err.read_text(errors='replace')[-4000:]}")
-    res = json.loads(out.read_text())
+    res = driver_result(proc, out, out.with_suffix(".stderr"), f"driver {role}", timeout)
     res["log"] = [json.loads(line) for line in log.read_text().splitlines() if line.strip()] if log.exists() else []
     return res
 

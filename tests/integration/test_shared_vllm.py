@@ -22,6 +22,7 @@ import pytest
 
 from tests.services.fixtures import started, valkey_server  # noqa: F401
 from tests.services.mooncake import MooncakeCluster
+from tests.integration.driver_result import driver_result
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -47,15 +48,7 @@ def _engine(name: str, model: Path, d: Path, shared: dict, *, cpu: int, hold: Pa
 
 
 def _result(name: str, proc: subprocess.Popen, d: Path, timeout: float = 300) -> dict:
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        rc = -9
-    if rc != 0:
-        raise AssertionError(f"engine {name} failed ({rc}):\n" + (d / f"{name}.stderr").read_text()[-4000:])
-    return json.loads((d / f"{name}.json").read_text())
+    return driver_result(proc, d / f"{name}.json", d / f"{name}.stderr", f"engine {name}", timeout)
 
 
 def _cross_machine(model: Path, d: Path, shared: dict, stored: callable) -> None:

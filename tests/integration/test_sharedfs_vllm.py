@@ -11,7 +11,6 @@ checked to come after that), so the pair costs about one engine start.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import pytest
 
 from tests.services.fixtures import juicefs  # noqa: F401
 from tests.services.juicefs import JuiceFs
+from tests.integration.driver_result import driver_result
 
 pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).with_name("sharedfs_driver.py")
@@ -43,16 +43,7 @@ def _start(role: str, model: Path, d: Path, shared: Path, cpu: int, wait_for: Pa
 
 
 def _finish(role: str, proc: subprocess.Popen, d: Path, timeout: float = 600) -> dict:
-    try:
-        rc = proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        rc = -9
-    if rc != 0:
-        err = d / f"{role}.stderr"
-        raise AssertionError(f"driver {role} failed ({rc}):\n{err.read_text(errors='replace')[-4000:]}")
-    res = json.loads((d / f"{role}.json").read_text())
+    res = driver_result(proc, d / f"{role}.json", d / f"{role}.stderr", f"driver {role}", timeout)
     res["disk"] = d / f"ssd-{role}"
     return res
 
