@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     from kvtier.workload.companion import CompanionSpec, generate_companion
     from kvtier.workload.tokens import HFTokenizer
 
-    spec = CompanionSpec(conversations=args.conversations, turns_mean=min(args.turns, 3.0), turns_max=max(args.turns, 4),
-                         system_tokens=args.system_tokens, max_prompt_tokens=3500, resume_fraction=0.0, seed=args.seed)
+    spec = CompanionSpec(conversations=args.conversations, system_tokens=args.system_tokens, max_prompt_tokens=3500,
+                         resume_fraction=0.0, seed=args.seed)    # default turn counts; --turns of them are played
     _, convs = generate_companion(spec)
     convs = [c for c in convs if len(c.turns) >= 2]
     model = str(default_model_path())
