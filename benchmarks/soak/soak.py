@@ -52,6 +52,28 @@ def _proc_tree(pid: int) -> list[int]:
         return []
 
 
+def _memory_detail(pid: int) -> dict:
+    """RssAnon / RssFile / RssShmem (bytes) and the commonest anonymous mapping sizes (a pool of
+    equal buffers, such as the disk writer's staging buffers, shows as many mappings of one size)."""
+    out: dict = {}
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
+                k, v = line.split(":", 1)
+                out[k.lower().replace("rss", "rss_")] = int(v.split()[0]) * 1024
+        sizes: dict[int, int] = {}
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            f = line.split()
+            if len(f) == 5:                                   # no path: anonymous
+                lo, hi = (int(x, 16) for x in f[0].split("-"))
+                if hi - lo >= 2**20:
+                    sizes[hi - lo] = sizes.get(hi - lo, 0) + 1
+        out["anon_maps_top"] = sorted(sizes.items(), key=lambda kv: -kv[1])[:4]
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def sample(pid: int, disk: Path) -> dict:
     """One sample: per process RSS / open files / threads, and the SSD tier's bytes on disk."""
     import psutil
@@ -61,7 +83,7 @@ def sample(pid: int, disk: Path) -> dict:
         try:
             ps = psutil.Process(p)
             procs[str(p)] = {"name": " ".join(ps.cmdline()[:3])[-80:], "rss": ps.memory_info().rss,
-                             "fds": ps.num_fds(), "threads": ps.num_threads()}
+                             "fds": ps.num_fds(), "threads": ps.num_threads(), **_memory_detail(p)}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     on_disk = 0
@@ -86,7 +108,8 @@ def _cpu() -> str:
     except OSError:
         pass
     simd = "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "no avx2"
-    return f"{model}, {len(os.sched_getaffinity(0))} vCPU, {simd}{', amx/avx512_bf16' if 'avx512_bf16' in flags else ''}"
+    bf16 = ", avx512_bf16" if "avx512_bf16" in flags else ""
+    return f"{model}, {len(os.sched_getaffinity(0))} vCPU, {simd}{bf16}"
 
 
 def plan(calibration: Path, users: int | None, conversations: int) -> dict:
@@ -124,6 +147,7 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=60.0, help="seconds between samples")
     ap.add_argument("--request-timeout", type=float, default=1200.0)
     ap.add_argument("--scratch", type=Path, default=None, help="SSD tier, workload, server log (default: a temp dir)")
+    ap.add_argument("--vanilla", action="store_true", help="the same load on vLLM without kvtier (a baseline for RSS)")
     args = ap.parse_args()
 
     out = args.out
@@ -149,16 +173,18 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     wl = scratch / "workload.jsonl"
     write_workload(wl, p["header"], p["convs"])
     ram, ssd = b.bytes(b.ram_tokens), b.bytes(b.ssd_tokens)
-    spec = ServerSpec(name="kvtier-ram-ssd", model=str(facts.path), max_model_len=p["max_model_len"],
+    spec = ServerSpec(name="vanilla" if args.vanilla else "kvtier-ram-ssd", model=str(facts.path),
+                      max_model_len=p["max_model_len"],
                       dtype=facts.dtype, kv_cache_space_gib=facts.kv_gib(b.engine_kv_tokens),
-                      kvtier_config={"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
-                                               "disk": {"enabled": True, "path": str(disk), "capacity": ssd}}})
+                      kvtier_config=None if args.vanilla else
+                      {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
+                                 "disk": {"enabled": True, "path": str(disk), "capacity": ssd}}})
     meta = {"demo_users": demo.concurrency, "soak_users": soak.concurrency, "demo_size": dataclasses.asdict(demo),
             "soak_size": dataclasses.asdict(soak), "demo_sizing": p["sizing"].to_dict(), "budgets": b.to_dict(),
             "calibration": str(args.calibration), "workload_requests": p["workload_facts"].requests,
             "workload_working_set_tokens": p["workload_facts"].working_set_tokens,
             "minutes": args.minutes, "interval_s": args.interval, "request_timeout_s": args.request_timeout,
-            "cpu": _cpu(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S",
+            "vanilla": args.vanilla, "cpu": _cpu(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S",
                                                                                                time.gmtime())}
     print(json.dumps({k: meta[k] for k in ("demo_users", "soak_users", "workload_requests")} |
                      {"ram_budget": ram, "ssd_budget": ssd}), flush=True)
