@@ -301,7 +301,10 @@ def test_read_only_at_start_one_warning_serving_continues(drills):
     r = drills["ro_start"]
     assert r["out"]["docs"]["outputs"] == drills["ref"]["docs"]["outputs"][:RO_DOCS]
     assert r["events"].get("tier_unavailable", 0) == 1                 # counted once: no SSD tier
-    assert r["stderr"].count("serving without the SSD tier") == 1
+    # once per process that opens the store (vLLM's engine core and its worker each run one half)
+    lines = [ln for ln in r["stderr"].splitlines() if "serving without the SSD tier" in ln]
+    procs = [ln.split()[2] for ln in lines]                              # "date time PROCESS logger ..."
+    assert lines and len(procs) == len(set(procs)) <= 2, lines
 
 
 def test_preemption_under_kv_pressure_exact_and_nothing_leaked(drills):
