@@ -137,6 +137,29 @@ def server_dtype(spec: ServerSpec) -> DtypeChoice:
     return choose_dtype(spec.dtype, source="config")
 
 
+def split_spec_secrets(kvtier_config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``kvtier_config`` without its secret fields (``store.shared.password``, ``store.signing_key``)
+    and those secrets as the ``KVTIER_*`` variables the connector's config loader reads back.
+
+    Side-effect free (works on a copy). The secrets then reach vLLM through its environment, never
+    its argv (which ``ps`` shows every local user and vLLM logs as "non-default args")."""
+    import copy
+
+    from kvtier.config import KvtierConfig
+    from kvtier.security import split_secrets
+
+    _, env = split_secrets(KvtierConfig.model_validate(kvtier_config))
+    public = copy.deepcopy(kvtier_config)
+    for name in env:
+        *parents, leaf = name[len("KVTIER_"):].lower().split("__")
+        node: Any = public
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return public, env
+
+
 def build_command(spec: ServerSpec, port: int | None = None) -> list[str]:
     """argv for ``python -m vllm.entrypoints.openai.api_server`` serving ``spec``."""
     port = port if port is not None else spec.port
@@ -155,7 +178,8 @@ def build_command(spec: ServerSpec, port: int | None = None) -> list[str]:
         # explicit bytes: vLLM's VLLM_CPU_KVCACHE_SPACE takes whole GiB only (see kvtier.runtime.vllm_env)
         cmd += ["--kv-cache-memory-bytes", str(kv_cache_bytes(spec.kv_cache_space_gib))]
     if spec.kvtier_config is not None:
-        cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config(spec.kvtier_config))]
+        public, _ = split_spec_secrets(spec.kvtier_config)     # secrets travel in launch_env
+        cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config(public))]
     cmd += list(spec.extra_args)
     return cmd
 
@@ -172,7 +196,16 @@ def launch_env(spec: ServerSpec) -> dict[str, str]:
     """
     env = vllm_env(spec.kv_cache_space_gib)
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", RESERVED_CPUS)
+    if spec.kvtier_config is not None:
+        env.update(split_spec_secrets(spec.kvtier_config)[1])   # kept out of build_command's argv
     return env
+
+
+def _with_secrets(spec: ServerSpec, env: dict[str, str]) -> dict[str, str]:
+    """A caller's own environment plus ``spec``'s secrets (argv never carries them)."""
+    if spec.kvtier_config is None:
+        return env
+    return {**env, **split_spec_secrets(spec.kvtier_config)[1]}
 
 
 def _die_with_parent() -> None:
@@ -249,7 +282,7 @@ class VllmServer:
             log.write(("$ " + " ".join(argv) + "\n").encode())
             log.flush()
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env if env is not None else launch_env(spec),
+                                    env=_with_secrets(spec, env) if env is not None else launch_env(spec),
                                     start_new_session=True, preexec_fn=_die_with_parent)
         server = cls(spec, port, proc, log_path)
         try:

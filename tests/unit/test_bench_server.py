@@ -189,3 +189,29 @@ def test_check_spec_refuses_a_model_folder_without_config(tmp_path) -> None:
     with pytest.raises(ServerError, match="has no config.json"):     # start checks before launching
         VllmServer.start(spec, tmp_path / "log")
     assert not (tmp_path / "log").exists()
+
+
+def test_secrets_of_a_kvtier_server_travel_in_its_environment_never_its_argv(monkeypatch):
+    """A lab server's Valkey password and signing key are not on vLLM's command line (ps, vLLM's
+    "non-default args" log line) but in its environment, where the connector's loader reads them."""
+    from kvtier.integrations.vllm.extra_config import config_from_extra
+    from kvtier.server import launch_env
+
+    cfg = {"store": {"signing_key": "k" * 32,
+                     "shared": {"kind": "valkey", "url": "redis://127.0.0.1:1/0", "password": "pw-7f3a9c-secret"}}}
+    s = spec(kvtier_config=cfg)
+    argv = " ".join(build_command(s, port=9000))
+    assert "pw-7f3a9c-secret" not in argv and "k" * 32 not in argv
+    assert "redis://127.0.0.1:1/0" in argv                  # the rest of the config is still passed
+    env = launch_env(s)
+    assert env["KVTIER_STORE__SHARED__PASSWORD"] == "pw-7f3a9c-secret"
+    assert env["KVTIER_STORE__SIGNING_KEY"] == "k" * 32
+    assert cfg["store"]["shared"]["password"] == "pw-7f3a9c-secret"   # the caller's dict is untouched
+    # the vLLM side: the public config + that environment give back the full config
+    extra = json.loads(argv.split("--kv-transfer-config ", 1)[1].split(" --")[0])["kv_connector_extra_config"]
+    for k, v in env.items():
+        if k.startswith("KVTIER_STORE__"):
+            monkeypatch.setenv(k, v)
+    loaded = config_from_extra(extra)
+    assert loaded.store.shared.password.get_secret_value() == "pw-7f3a9c-secret"
+    assert loaded.store.signing_key.get_secret_value() == "k" * 32
