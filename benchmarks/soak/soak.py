@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from verdict import summarize  # noqa: E402
+from verdict import SoakBudgets, read_samples, summarize  # noqa: E402
 
 DEFAULT_CALIBRATION = ROOT / "benchmarks/results/demo-companion-2026-12-01-avx2-quick/calibration.json"
 
@@ -221,6 +221,8 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     from kvtier.bench.replay import ReplayOptions, run_replay
     from kvtier.demo.common import DEMO_CHUNK_TOKENS
     from kvtier.server import ServerSpec, VllmServer
+    from kvtier.config import KvtierConfig
+    from kvtier.integrations.vllm.worker_side import PREFETCH_DEPTH
     from kvtier.workload.format import write_workload
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -232,6 +234,9 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     ram, ssd = b.bytes(b.ram_tokens), b.bytes(b.ssd_tokens)
     chunk_bytes = b.bytes(DEMO_CHUNK_TOKENS)
     staging_size = -(-chunk_bytes // 4096) * 4096
+    queue_depth = KvtierConfig().store.disk.queue_depth        # the soak's config leaves it at its default
+    verdict_budgets = SoakBudgets(ssd_bytes=ssd, ram_bytes=ram, fixed_staging_bytes=(PREFETCH_DEPTH + 2) * chunk_bytes,
+                                  chunk_bytes=staging_size, staging_max_buffers=queue_depth, kvtier=not args.vanilla)
     spec = ServerSpec(name="vanilla" if args.vanilla else "kvtier-ram-ssd", model=str(facts.path),
                       max_model_len=p["max_model_len"],
                       dtype=facts.dtype, kv_cache_space_gib=facts.kv_gib(b.engine_kv_tokens),
@@ -242,7 +247,9 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
             "soak_size": dataclasses.asdict(soak), "demo_sizing": p["sizing"] and p["sizing"].to_dict(),
             "budgets": b.to_dict(), "calibration": None if args.size_from else str(args.calibration),
             "size_from": args.size_from and str(args.size_from), "allocator": args.allocator,
-            "server_env": args.server_env, "chunk_payload_bytes": chunk_bytes, "workload_requests": p["workload_facts"].requests,
+            "server_env": args.server_env, "chunk_payload_bytes": chunk_bytes,
+            "fixed_staging_bytes": verdict_budgets.fixed_staging_bytes, "staging_max_buffers": queue_depth,
+            "vanilla_ref": args.vanilla_ref and str(args.vanilla_ref), "workload_requests": p["workload_facts"].requests,
             "workload_working_set_tokens": p["workload_facts"].working_set_tokens,
             "minutes": args.minutes, "interval_s": args.interval, "request_timeout_s": args.request_timeout,
             "vanilla": args.vanilla, "cpu": _cpu(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S",
@@ -280,7 +287,8 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
         with (out / "samples.jsonl").open("a") as fh:
             fh.write(json.dumps(final) + "\n")
     (out / "server-tail.log").write_text("\n".join(log.read_text(errors="replace").splitlines()[-200:]) + "\n")
-    summary = {**meta, **summarize(result.summary, samples, ssd_budget=ssd, ram_budget=ram)}
+    reference = read_samples(args.vanilla_ref) if args.vanilla_ref else None
+    summary = {**meta, **summarize(result.summary, samples, verdict_budgets, reference=reference)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     from plot import plot
     plot(out / "samples.jsonl", out / "soak.png", ssd)
