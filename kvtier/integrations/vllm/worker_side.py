@@ -7,8 +7,8 @@ Contract:
   copies whole blocks into the allocated block ids, synchronously (``SyncLoader``,
   ``sync_loads.py``). Reads (file read + checksum verify, on ``PREFETCH_DEPTH`` threads) run
   ahead of the block copies, into a ring of chunk buffers; each block copy goes straight from
-  a verified buffer into vLLM's blocks. A chunk the store cannot return (miss, bad payload, deadline passed) makes
-  that chunk and every later chunk of the request a load error: their block ids are
+  a verified buffer into vLLM's blocks. A chunk the store cannot return (miss, bad payload,
+  deadline passed) makes that chunk and every later chunk of the request a load error: their block ids are
   returned by ``take_load_errors`` so vLLM recomputes them; no save is made for that
   request in the same step (its freshly computed KV would rest on the failed blocks).
 - Promotion of SSD hits into the RAM tier is kept off the load: with ``promote ==
@@ -182,6 +182,10 @@ class WorkerSide:
         return self._bytes(self._staging)
 
     # -- load --------------------------------------------------------------------------------
+    def _scatter(self, block_ids: tuple[int, ...], first_block: int, buf: "torch.Tensor") -> None:
+        """Copy chunk ``buf``'s blocks ``first_block:`` into vLLM's ``block_ids`` of every layer."""
+        self.layout.scatter(self.layers, block_ids, buf, first_block=first_block)
+
     def _read_chunk(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None]:
         """(prefetch thread) Fill ``buf`` with chunk ``key`` from the local tiers only (a
         synchronous load never waits on the network); (ok, error kind)."""
@@ -217,10 +221,8 @@ class WorkerSide:
         if self._sync is None:
             import torch
 
-            self._sync = SyncLoader(self._read_chunk,
-                                    lambda ids, first, buf: self.layout.scatter(self.layers, ids, buf,
-                                                                                first_block=first),
-                                    lambda: torch.empty_like(self._staging), chunk_nbytes=getattr(self, "chunk_nbytes", 0),
+            self._sync = SyncLoader(self._read_chunk, self._scatter, lambda: torch.empty_like(self._staging),
+                                    chunk_nbytes=getattr(self, "chunk_nbytes", 0),   # unset: disabled
                                     blocks_per_chunk=self.blocks_per_chunk, block_size=self.block_size,
                                     depth=PREFETCH_DEPTH)
         t0 = time.perf_counter()
@@ -295,10 +297,8 @@ class WorkerSide:
         if self._async is None:
             staging = self._staging
             assert staging is not None
-            self._async = AsyncLoader(self._read_async,
-                                      lambda ids, first, buf: self.layout.scatter(self.layers, ids, buf,
-                                                                                  first_block=first),
-                                      lambda: torch.empty_like(staging), block_size=self.block_size,
+            self._async = AsyncLoader(self._read_async, self._scatter, lambda: torch.empty_like(staging),
+                                      block_size=self.block_size,
                                       load_timeout_s=self.load_timeout_s, depth=PREFETCH_DEPTH,
                                       promote=lambda meta, buf: self.store.promote(meta, self._bytes(buf)))
         self._async.submit(plan)
