@@ -73,6 +73,8 @@ class EngineSim(Admission):
         self.cost = StepCost.of(e)
         self.cache = PrefixCacheModel(e.kv_cache_tokens // self.U, e.prefix_caching)
         self.chunk_units = max(1, profile.chunk_size // self.U)
+        self._hoff = trace.hoffsets.tolist()
+        self._preemption = e.preemption
         chunk_tokens = self.chunk_units * self.U
         self.store = (StoreModel.open({"ram": profile.ram, "ssd": profile.ssd, "shared": profile.shared},
                                       chunk_tokens * profile.kv_bytes_per_token, chunk_tokens, profile.eviction,
