@@ -7,7 +7,6 @@ allocation, the synchronous kvtier load, and what happens when its prefill compl
 
 from __future__ import annotations
 
-import numpy as np
 
 from kvtier.sim.prefix_cache import PrefixCacheModel
 from kvtier.sim.profile import SimProfile
@@ -51,7 +50,7 @@ class Admission:
     _hoff: list[int]          # trace.hoffsets as Python ints (no numpy scalar per admission)
     _preemption: bool
 
-    def _admit(self, q: SimRequest, tiers: dict[str, np.ndarray], load_arr: np.ndarray, tier_keys: list[str]) -> float | None:
+    def _admit(self, q: SimRequest, tiers: dict[str, list[int]], load_arr: list[float], tier_keys: list[str]) -> float | None:
         """Look the prompt up, allocate KV blocks; the synchronous kvtier load time, or None
         when the KV cache has no room now. The first admission's hits are recorded."""
         U, cu, tr = self.U, self.chunk_units, self.trace
@@ -63,6 +62,9 @@ class Admission:
         cache = self.cache
         gpu_hit = cache.match(units, max_hit)
         total_units = -(-plen // U) if self._preemption else -(-(q.prompt + q.out) // U)
+        gpu_units = units[:gpu_hit]
+        if not cache.can_allocate(gpu_units, total_units):
+            return None                 # (before the store lookup, which is pure: a blocked head retries)
         ext_units, where, keys = 0, [], units
         store = self.store
         if store is not None:
@@ -72,9 +74,6 @@ class Admission:
             ext_units = min(len(where) * cu, max_hit)
             q.stored = len(where)
         hit_n = ext_units if ext_units > gpu_hit else gpu_hit
-        gpu_units = units[:gpu_hit]
-        if not cache.can_allocate(gpu_units, total_units):
-            return None
         # units loaded from kvtier are this request's own blocks (cached at commit, like computed ones)
         cache.acquire(gpu_units, total_units)
         q.cached = gpu_units

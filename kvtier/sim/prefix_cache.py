@@ -51,7 +51,7 @@ class PrefixCacheModel:
         return n
 
     def can_allocate(self, hit: list[int], total_units: int) -> bool:
-        reuse_free = sum(1 for h in hit if h in self._free)
+        reuse_free = sum(map(self._free.__contains__, hit))
         return self.empty + len(self._free) - reuse_free >= total_units - len(hit)
 
     def acquire(self, hit: list[int], total_units: int) -> None:
