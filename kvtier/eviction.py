@@ -189,7 +189,7 @@ class EvictionPolicy:
             e = entries.pop(v)                           # remove, inlined
             if order.pop(v, _END) is _END:
                 del old[v]
-                if heap[0][1] == v:                      # (the usual case: drop its heap item now)
+                if heap and heap[0][1] == v:             # (the usual case: drop its heap item now)
                     heapq.heappop(heap)
             vp = e.parent
             if vp is not None:
@@ -201,6 +201,7 @@ class EvictionPolicy:
                         pe = entries.get(vp)
                         if pe is not None:
                             self._releaf(vp, pe)
+                            heap = self._heap                # (_releaf may have rebuilt it)
             n += 1
         # add, inlined
         pe = entries.get(parent) if parent is not None else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtier.eviction import EvictionPolicy, PolicyName
+from kvtier.sim.lru import LeanLRU
 from kvtier.sim.profile import TierProfile
 
 TIER_NAMES = ("ram", "ssd", "shared")
@@ -28,14 +29,14 @@ class TierModel:
     speed: TierProfile
     chunk_bytes: int
     chunk_tokens: int
-    policy: EvictionPolicy
+    policy: EvictionPolicy | LeanLRU
     evictions: int = 0
 
     @classmethod
     def open(cls, name: str, speed: TierProfile, chunk_bytes: int, chunk_tokens: int,
              policy: PolicyName) -> "TierModel":
         return cls(name, int(speed.capacity // max(chunk_bytes, 1)), speed, chunk_bytes, chunk_tokens,
-                   EvictionPolicy(policy))
+                   LeanLRU() if policy == "lru" else EvictionPolicy(policy))
 
     def __contains__(self, key: int) -> bool:
         return key in self.policy

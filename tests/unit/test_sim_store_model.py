@@ -1,6 +1,7 @@
 """The simulator's StoreModel (bound-method caches, specialised guards, per-request accounting)
 behaves exactly like the plain model it replaced: the reference below is session 4's StoreModel,
-loops over tiers and the general guard, on the same store eviction code (kvtier.eviction).
+loops over tiers and the general guard, on the store's own eviction code (kvtier.eviction), while
+the model under test uses what it uses in a simulation (kvtier.sim.lru.LeanLRU for LRU tiers).
 
 Hypothesis drives both through random requests over a small prefix tree — lookup, read of the
 hit, and a save that may come several requests later (its parent possibly evicted meanwhile:
@@ -16,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.eviction import EvictionPolicy
+from kvtier.sim.lru import LeanLRU
 from kvtier.sim.profile import TierProfile
 from kvtier.sim.tiers import TIER_NAMES, StoreModel, TierModel
 
@@ -99,13 +101,14 @@ class _RefStore:
         return ok
 
 
-def _tiers(caps: dict[str, int], policy: str) -> list[TierModel]:
+def _tiers(caps: dict[str, int], policy: str, lean: bool) -> list[TierModel]:
+    """Tiers with the store's EvictionPolicy, or (``lean``) what TierModel.open picks (LeanLRU for lru)."""
     speeds = {"ram": TierProfile(capacity=caps["ram"] * CHUNK, read_bw=1e9, op_latency_s=1e-5, chunk_latency_s=1e-6),
               "ssd": TierProfile(capacity=caps["ssd"] * CHUNK, read_bw=2e8, op_latency_s=1e-4, chunk_latency_s=2e-6),
               "shared": TierProfile(capacity=caps["shared"] * CHUNK, read_bw=1e8, op_latency_s=1e-3,
                                     chunk_latency_s=3e-6)}
-    return [TierModel(n, caps[n], speeds[n], CHUNK, 16, EvictionPolicy(policy)) for n in TIER_NAMES
-            if caps[n] > 0]
+    return [TierModel(n, caps[n], speeds[n], CHUNK, 16, LeanLRU() if lean and policy == "lru" else EvictionPolicy(policy))
+            for n in TIER_NAMES if caps[n] > 0]
 
 
 def _state(tiers: list[TierModel]) -> list:
@@ -121,8 +124,8 @@ requests = st.lists(st.tuples(paths, st.integers(0, 3)), min_size=1, max_size=60
        policy=st.sampled_from(["lru", "cost"]), promote=st.integers(1, 3))
 def test_store_model_equals_the_plain_reference(reqs, ram, ssd, shared, policy, promote) -> None:
     caps = {"ram": ram, "ssd": ssd, "shared": shared}
-    fast = StoreModel(_tiers(caps, policy), promote)
-    ref = _RefStore(_tiers(caps, policy), promote)
+    fast = StoreModel(_tiers(caps, policy, lean=True), promote)
+    ref = _RefStore(_tiers(caps, policy, lean=False), promote)
     ids: dict[tuple, int] = {}
     pending: list[tuple[int, list[int], int]] = []             # (due step, keys, stored)
     for step, (path, delay) in enumerate(reqs):
