@@ -64,15 +64,18 @@ class StoreModel:
         return cls(tiers, promote_min_hits)
 
     def _methods(self) -> tuple:
-        """(contains per tier, [(tier index, put_evicting, size, tokens, capacity, guard)] of the
-        tiers with room, touch per tier); cached until the tier list changes."""
+        """(tier count, contains per tier, [(tier index, put_evicting, size, tokens, capacity,
+        guard)] of the tiers with room, touch per tier, (op latency, per-chunk read time) per
+        tier); cached until the tier list changes."""
         b = self._bound
         if not b or b[0] != len(self.tiers):
             guards = self._guards()
             live = tuple((i, t.policy.put_evicting, t.chunk_bytes, t.chunk_tokens, t.capacity_chunks, g)
                          for i, (t, g) in enumerate(zip(self.tiers, guards)) if t.capacity_chunks > 0)
+            cost = tuple((t.speed.op_latency_s, t.speed.chunk_latency_s + t.chunk_bytes / t.speed.read_bw)
+                         for t in self.tiers)         # read_time's terms, same arithmetic
             b = self._bound = (len(self.tiers), tuple(t.policy.contains for t in self.tiers), live,
-                               tuple(t.policy.touch for t in self.tiers))
+                               tuple(t.policy.touch for t in self.tiers), cost)
         return b
 
     def present(self, key: int) -> bool:
@@ -118,7 +121,8 @@ class StoreModel:
         tiers = self.tiers
         counts = [0] * len(tiers)
         ram = tiers[0] if tiers and tiers[0].name == "ram" else None
-        touch = self._methods()[3]
+        b = self._methods()
+        touch = b[3]
         lower = self._lower_hits
         for j, (k, i) in enumerate(zip(keys, where)):
             counts[i] += 1
@@ -133,7 +137,11 @@ class StoreModel:
                         self.promotions += 1
                 else:
                     lower[k] = c
-        return sum(t.read_time(n) for t, n in zip(tiers, counts) if n)
+        total = 0                               # (= sum(t.read_time(n) ...), term by term)
+        for (op, per), n in zip(b[4], counts):
+            if n:
+                total += op + n * per
+        return total
 
     def save(self, keys: list[int], start: int) -> None:
         """Write-through of chunks ``keys[start:]`` (``keys`` = the prompt's whole chain): per
@@ -141,7 +149,7 @@ class StoreModel:
         if start >= len(keys):
             return
         parent = keys[start - 1] if start else None
-        _, has, live, _ = self._methods()
+        _, has, live, _, _ = self._methods()
         if parent is not None:
             for h in has:
                 if h(parent):
