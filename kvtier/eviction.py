@@ -117,10 +117,8 @@ class EvictionPolicy:
             e.stamp = next(self._seq)
             heapq.heappush(self._heap, (e.prio, e.stamp, key))
             return
-        order = self._order
-        if not order or e.prio > self._entries[next(reversed(order))].prio:
-            order[key] = None
-            return
+        # (a releafed parent is older than the dict's last leaf but for rare cases; the side heap
+        # is right for any leaf, ``pick`` merges the two, so no comparison is made)
         self._old[key] = e.prio
         heapq.heappush(self._heap, (e.prio, key))
         if len(self._heap) > 4 * len(self._old) + 64:
@@ -190,7 +188,9 @@ class EvictionPolicy:
                     return False, n
             e = entries.pop(v)                           # remove, inlined
             if order.pop(v, _END) is _END:
-                old.pop(v, None)
+                del old[v]
+                if heap and heap[0][1] == v:             # (the usual case: drop its heap item now)
+                    heapq.heappop(heap)
             vp = e.parent
             if vp is not None:
                 pk = kids.get(vp)
@@ -201,6 +201,7 @@ class EvictionPolicy:
                         pe = entries.get(vp)
                         if pe is not None:
                             self._releaf(vp, pe)
+                            heap = self._heap                # (_releaf may have rebuilt it)
             n += 1
         # add, inlined
         pe = entries.get(parent) if parent is not None else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import tempfile
@@ -59,10 +60,11 @@ def parse_only(path: Path) -> float:
 
 def case(name: str, path: Path, profile: str, ram: str, ssd: str) -> dict:
     from kvtier.config import parse_size
+    load0 = os.getloadavg()[0]
     base = parse_only(path)
     prof = resolve_profile(profile)
     prof.ram.capacity, prof.ssd.capacity = parse_size(ram), parse_size(ssd)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     tr = load_trace(path, unit_tokens=prof.engine.block_size)
     t1 = time.perf_counter()
     marks = [tr.num_requests * i // 10 for i in range(1, 10)] if tr.num_requests >= 100_000 else []
@@ -78,11 +80,14 @@ def case(name: str, path: Path, profile: str, ram: str, ssd: str) -> dict:
     out = {"case": name, "requests": tr.num_requests, "mean_prompt_tokens": float(tr.prompt_tokens.mean()),
            "load_s": t1 - t0, "simulate_s": t2 - t1, "total_s": t2 - t0, "parse_only_s": base,
            "requests_per_s": tr.num_requests / (t2 - t0), "total_over_parse": (t2 - t0) / base,
-           "token_hit_rate": s["token_hit_rate"], "ttft_mean_s": s["ttft_mean_s"], "steps": sim.result.steps}
+           "token_hit_rate": s["token_hit_rate"], "ttft_mean_s": s["ttft_mean_s"], "steps": sim.result.steps,
+           "load_avg_1min_start": load0, "load_avg_1min_end": os.getloadavg()[0],
+           "cpu_s": time.process_time() - c0}
     print(f"{name}: {tr.num_requests} requests (mean prompt {out['mean_prompt_tokens']:.0f} tokens): "
           f"{out['total_s']:.2f} s total (load {out['load_s']:.2f} s, simulate {out['simulate_s']:.2f} s) = "
           f"{out['requests_per_s']:.0f} requests/s; {out['total_over_parse']:.1f}x the time json.loads alone takes "
-          f"({base:.2f} s); hit rate {s['token_hit_rate']:.1%}, mean TTFT {s['ttft_mean_s']:.3f} s", flush=True)
+          f"({base:.2f} s); hit rate {s['token_hit_rate']:.1%}, mean TTFT {s['ttft_mean_s']:.3f} s; CPU {out['cpu_s']:.1f} s, "
+          f"load average {load0:.2f} -> {out['load_avg_1min_end']:.2f}", flush=True)
     return out
 
 

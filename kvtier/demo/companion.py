@@ -148,8 +148,13 @@ def budgets(size: CompanionDemoSize, facts: ModelFacts, wf: WorkloadFacts) -> Bu
                    ssd_tokens=max(4 * ws, 64 * DEMO_CHUNK_TOKENS), kv_bytes_per_token=facts.kv_bytes_per_token)
 
 
-def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets):
-    """vanilla, kvtier RAM-only, kvtier RAM+SSD — same engine KV space, same RAM budget, same dtype."""
+def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets, history: str = "live"):
+    """vanilla, kvtier RAM-only, kvtier RAM+SSD — same engine KV space, same RAM budget, same dtype.
+
+    ``workload`` history never sends a generated reply back (each turn carries the workload's text), so
+    the chunks of generated tokens would only be written, never hit: those runs set
+    ``connector.save_generated`` off rather than spend writes and SSD budget on them. Side-effect free.
+    """
     from kvtier.server import ServerSpec
 
     common = dict(model=str(facts.path), max_model_len=max_model_len(size), dtype=facts.dtype,
@@ -159,6 +164,8 @@ def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets):
     # no disk path: `run_compare` gives the configuration a fresh empty directory and removes it afterwards
     ram_ssd = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
                          "disk": {"enabled": True, "capacity": b.bytes(b.ssd_tokens)}}}
+    if history != "live":
+        ram_only["connector"] = ram_ssd["connector"] = {"save_generated": False}
     return [ServerSpec(name="vanilla", **common),
             ServerSpec(name="kvtier-ram", kvtier_config=ram_only, **common),
             ServerSpec(name="kvtier-ram-ssd", kvtier_config=ram_ssd, **common)]
@@ -228,7 +235,7 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     wl_path = out / "workload.jsonl"
     write_workload(wl_path, header, convs)
     b = budgets(size, facts, wf)
-    specs = server_specs(size, facts, b)
+    specs = server_specs(size, facts, b, opts.history)
     check_free_disk(out, b.bytes(b.working_set_tokens) * 2)
     bound = max(size.min_bound_s, size.bound_factor * max(sizing.per_config_s.values()))
     print_size(sizing, b, bound, facts, opts.history)

@@ -7,7 +7,6 @@ allocation, the synchronous kvtier load, and what happens when its prefill compl
 
 from __future__ import annotations
 
-import numpy as np
 
 from kvtier.sim.prefix_cache import PrefixCacheModel
 from kvtier.sim.profile import SimProfile
@@ -48,36 +47,40 @@ class Admission:
     store: StoreModel | None
     U: int
     chunk_units: int
+    _hoff: list[int]          # trace.hoffsets as Python ints (no numpy scalar per admission)
+    _preemption: bool
 
-    def _admit(self, q: SimRequest, tiers: dict[str, np.ndarray], load_arr: np.ndarray, tier_keys: list[str]) -> float | None:
+    def _admit(self, q: SimRequest, tiers: dict[str, list[int]], load_arr: list[float], tier_keys: list[str]) -> float | None:
         """Look the prompt up, allocate KV blocks; the synchronous kvtier load time, or None
         when the KV cache has no room now. The first admission's hits are recorded."""
         U, cu, tr = self.U, self.chunk_units, self.trace
         plen = q.prompt + q.gen
-        units = tr.hashes[tr.hoffsets[q.r]:tr.hoffsets[q.r + 1]].tolist()
+        r = q.r
+        ho = self._hoff
+        units = tr.hashes[ho[r]:ho[r + 1]].tolist()
         max_hit = min(len(units), (plen - 1) // U)
-        gpu_hit = self.cache.match(units[:max_hit])
-        total_units = -(-plen // U) if self.profile.engine.preemption else -(-(q.prompt + q.out) // U)
-        hit = units[:gpu_hit]
-        ext_units, where, keys = 0, [], []
-        if self.store is not None:
-            keys = units[cu - 1::cu]
-            where = self.store.lookup(keys)
-            ext_units = len(where) * cu
-            ext_units = min(ext_units, max_hit)
+        cache = self.cache
+        gpu_hit = cache.match(units, max_hit)
+        total_units = -(-plen // U) if self._preemption else -(-(q.prompt + q.out) // U)
+        gpu_units = units[:gpu_hit]
+        if not cache.can_allocate(gpu_units, total_units):
+            return None                 # (before the store lookup, which is pure: a blocked head retries)
+        ext_units, where, keys = 0, [], units
+        store = self.store
+        if store is not None:
+            if cu != 1:
+                keys = units[cu - 1::cu]
+            where = store.lookup(keys)
+            ext_units = min(len(where) * cu, max_hit)
             q.stored = len(where)
-        if ext_units > gpu_hit:
-            hit = units[:ext_units]
-        if not self.cache.can_allocate(hit[:gpu_hit], total_units):
-            return None
+        hit_n = ext_units if ext_units > gpu_hit else gpu_hit
         # units loaded from kvtier are this request's own blocks (cached at commit, like computed ones)
-        self.cache.acquire(hit[:gpu_hit], total_units)
-        q.cached = list(hit[:gpu_hit])
+        cache.acquire(gpu_units, total_units)
+        q.cached = gpu_units
         q.ncommit = gpu_hit
         q.private = total_units - gpu_hit
         q.alloc = total_units
         q.units = units
-        r = q.r
         first = not q.admitted
         q.admitted = True
         if first:
@@ -86,14 +89,22 @@ class Admission:
         if ext_units > gpu_hit:
             first_c, last_c = gpu_hit // cu, -(-ext_units // cu)       # chunks overlapping the claim
             ks, ws = keys[first_c:last_c], where[first_c:last_c]
-            load_t = self.store.read(ks, ws)
+            load_t = store.read(ks, ws)
             if first:
-                for j, w in zip(range(first_c, last_c), ws):
-                    n_units = min((j + 1) * cu, ext_units) - max(j * cu, gpu_hit)
-                    tiers[tier_keys[w]][r] += n_units * U
+                if cu == 1:                     # one unit per chunk: every claimed chunk is whole
+                    per = [0] * len(tier_keys)
+                    for w in ws:
+                        per[w] += 1
+                else:
+                    per = [0] * len(tier_keys)
+                    for j, w in zip(range(first_c, last_c), ws):
+                        per[w] += min((j + 1) * cu, ext_units) - max(j * cu, gpu_hit)
+                for w, n_units in enumerate(per):
+                    if n_units:
+                        tiers[tier_keys[w]][r] += n_units * U
         if first:
             load_arr[r] = load_t
-        q.done = len(hit) * U
+        q.done = hit_n * U
         q.remaining = plen - q.done
         return load_t
 

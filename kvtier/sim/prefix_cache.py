@@ -35,13 +35,15 @@ class PrefixCacheModel:
         """No running request holds a block (an allocation that fails now never fits)."""
         return self.private == 0 and not self._held
 
-    def match(self, units: list[int]) -> int:
-        """Leading units present (held or free-cached)."""
+    def match(self, units: list[int], limit: int | None = None) -> int:
+        """Leading units present (held or free-cached), among the first ``limit`` (all if None)."""
         if not self.enabled:
             return 0
         n = 0
         held, free = self._held, self._free
-        for h in units:
+        stop = len(units) if limit is None else min(limit, len(units))
+        while n < stop:
+            h = units[n]
             if h in held or h in free:
                 n += 1
             else:
@@ -49,7 +51,7 @@ class PrefixCacheModel:
         return n
 
     def can_allocate(self, hit: list[int], total_units: int) -> bool:
-        reuse_free = sum(1 for h in hit if h in self._free)
+        reuse_free = sum(map(self._free.__contains__, hit))
         return self.empty + len(self._free) - reuse_free >= total_units - len(hit)
 
     def acquire(self, hit: list[int], total_units: int) -> None:

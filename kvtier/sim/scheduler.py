@@ -73,6 +73,8 @@ class EngineSim(Admission):
         self.cost = StepCost.of(e)
         self.cache = PrefixCacheModel(e.kv_cache_tokens // self.U, e.prefix_caching)
         self.chunk_units = max(1, profile.chunk_size // self.U)
+        self._hoff = trace.hoffsets.tolist()
+        self._preemption = e.preemption
         chunk_tokens = self.chunk_units * self.U
         self.store = (StoreModel.open({"ram": profile.ram, "ssd": profile.ssd, "shared": profile.shared},
                                       chunk_tokens * profile.kv_bytes_per_token, chunk_tokens, profile.eviction,
@@ -92,16 +94,21 @@ class EngineSim(Admission):
         tr, ld, e = self.trace, self.load, self.profile.engine
         n = tr.num_requests
         U, cu = self.U, self.chunk_units
-        send = np.full(n, np.nan)
-        ttft = np.full(n, np.nan)
-        e2e = np.full(n, np.nan)
-        cached_tok = np.zeros(n, dtype=np.int64)
-        tiers = {k: np.zeros(n, dtype=np.int64) for k in ("gpu", *TIER_NAMES)}
-        load_arr = np.zeros(n)
-        ok = np.zeros(n, dtype=bool)
-        sent = np.zeros(n, dtype=bool)
+        # per-request state and results in Python lists (a numpy scalar per access costs ~5x a
+        # list item), turned into the result's arrays at the end
+        nan = float("nan")
+        send = [nan] * n
+        ttft = [nan] * n
+        e2e = [nan] * n
+        tiers = {k: [0] * n for k in ("gpu", *TIER_NAMES)}
+        load_arr = [0.0] * n
+        ok = [False] * n
+        sent = [False] * n
         failed = 0
         out_tokens = tr.max_tokens if ld.max_tokens is None else np.minimum(tr.max_tokens, ld.max_tokens)
+        out_l, prompt_l = out_tokens.tolist(), tr.prompt_tokens.tolist()
+        hint_l, think_l, coff = tr.arrival_hint_s.tolist(), tr.think_s.tolist(), tr.conv_offsets.tolist()
+        trace_mode, time_scale, think_scale = ld.mode == "trace", ld.time_scale, ld.think_time_scale
         tier_keys = [t.name for t in self.store.tiers] if self.store else []
 
         arrivals: list[tuple[float, int, int]] = []    # (time, seq, request index)
@@ -109,16 +116,16 @@ class EngineSim(Admission):
         issued = 0
         limit_t = ld.duration_s if ld.duration_s is not None else float("inf")
         limit_n = ld.max_requests if ld.max_requests is not None else n
-        conv_of = np.repeat(np.arange(tr.num_conversations), np.diff(tr.conv_offsets))
+        conv_of = np.repeat(np.arange(tr.num_conversations), np.diff(tr.conv_offsets)).tolist()
         next_conv = 0
 
         def issue(r: int, t: float) -> None:
             nonlocal seq, issued
             if issued >= limit_n or t > limit_t:
                 return
-            hint = tr.arrival_hint_s[r]
-            if ld.mode == "trace" and not np.isnan(hint):
-                t = max(t, hint * ld.time_scale)
+            hint = hint_l[r]
+            if trace_mode and hint == hint:                 # (NaN: no hint)
+                t = max(t, hint * time_scale)
                 if t > limit_t:
                     return
             issued += 1
@@ -130,8 +137,8 @@ class EngineSim(Admission):
             while next_conv < tr.num_conversations:
                 c = next_conv
                 next_conv += 1
-                if tr.conv_offsets[c + 1] > tr.conv_offsets[c]:
-                    issue(int(tr.conv_offsets[c]), t)
+                if coff[c + 1] > coff[c]:
+                    issue(coff[c], t)
                     return
 
         if ld.mode == "closed":
@@ -139,8 +146,21 @@ class EngineSim(Admission):
                 start_next_conversation(0.0)
         else:
             for t0, c in conversation_starts(ld, tr.conv_arrival_s.tolist()):
-                if tr.conv_offsets[c + 1] > tr.conv_offsets[c]:
-                    issue(int(tr.conv_offsets[c]), t0)
+                if coff[c + 1] > coff[c]:
+                    issue(coff[c], t0)
+        # The initial arrivals are usually already in (time, seq) order (a trace's starts): they
+        # wait in a deque, later ones in the heap, and the next arrival is the smaller head of
+        # the two (the same order as one heap: (time, seq) is unique).
+        pre: deque[tuple[float, int, int]] = deque()
+        if all(arrivals[i] < arrivals[i + 1] for i in range(len(arrivals) - 1)):
+            pre.extend(arrivals)
+            arrivals.clear()
+
+        def next_arrival_s() -> float:
+            """Time of the next arrival (call only when one is queued)."""
+            if pre and (not arrivals or pre[0] < arrivals[0]):
+                return pre[0][0]
+            return arrivals[0][0]
 
         running: dict[int, _Req] = {}      # admission order (vLLM's running list): the last is preempted first
         waiting: deque[_Req] = deque()
@@ -170,8 +190,8 @@ class EngineSim(Admission):
 
         def after_request(r: int, t: float) -> None:
             c = conv_of[r]
-            if r + 1 < tr.conv_offsets[c + 1]:
-                issue(r + 1, t + tr.think_s[r + 1] * ld.think_time_scale)
+            if r + 1 < coff[c + 1]:
+                issue(r + 1, t + think_l[r + 1] * think_scale)
             elif ld.mode == "closed":
                 start_next_conversation(t)
 
@@ -258,24 +278,31 @@ class EngineSim(Admission):
 
         while True:
             yield now
-            while arrivals and arrivals[0][0] <= now:
-                t, _, r = heapq.heappop(arrivals)
+            while True:
+                if pre and (not arrivals or pre[0] < arrivals[0]):
+                    if pre[0][0] > now:
+                        break
+                    t, _, r = pre.popleft()
+                elif arrivals and arrivals[0][0] <= now:
+                    t, _, r = heapq.heappop(arrivals)
+                else:
+                    break
                 send[r] = t
                 sent[r] = True
-                waiting.append(_Req(r, t, int(tr.prompt_tokens[r]), int(out_tokens[r])))   # (an arrival
+                waiting.append(_Req(r, t, prompt_l[r], out_l[r]))   # (an arrival
                 # frees no KV block: a blocked queue head stays blocked until a request finishes)
             D = n_dec
             if not prefilling and not D and not waiting:
-                if not arrivals:
+                if not arrivals and not pre:
                     break
-                now = arrivals[0][0]
+                now = next_arrival_s()
                 continue
             if not prefilling and D and (not waiting or blocked or D >= max_seqs):
                 # pure decode until the next finish, arrival or failing block allocation
                 k = next_finish() - G
                 ctx = ctx_base + D * G
-                if arrivals:
-                    k = min(k, cost.decode_steps_until(arrivals[0][0] - now, D, ctx))
+                if arrivals or pre:
+                    k = min(k, cost.decode_steps_until(next_arrival_s() - now, D, ctx))
                 if grow_heap and grow_heap[0][0] <= G + k and grow_until(G + k) is not None:
                     k = grow_heap[0][0] - 1 - G                 # run up to the step that cannot get its block
                     if k < 1:
@@ -333,8 +360,8 @@ class EngineSim(Admission):
             if P == 0 and D == 0 and not prefilling:
                 if blocked:
                     blocked = False             # nothing running and still blocked: retry next round
-                    if arrivals:
-                        now = max(now, arrivals[0][0])
+                    if arrivals or pre:
+                        now = max(now, next_arrival_s())
                     continue
                 if not admit:                   # everything was preempted: admit next round
                     no_admit_step = -1
@@ -365,8 +392,12 @@ class EngineSim(Admission):
             for t in store.tiers:
                 counters[f"{t.name}_evictions"] = t.evictions
                 counters[f"{t.name}_capacity_chunks"] = t.capacity_chunks
-        cached_tok[:] = sum(tiers.values())
-        self.result = SimResult(sent=sent, ok=ok, send_s=send, ttft_s=ttft, e2e_s=e2e, cached_tokens=cached_tok,
-                                tier_tokens=tiers, load_s=load_arr,
+        tiers_a = {k: np.array(v, dtype=np.int64) for k, v in tiers.items()}
+        cached_tok = np.zeros(n, dtype=np.int64)
+        cached_tok[:] = sum(tiers_a.values())
+        self.result = SimResult(sent=np.array(sent, dtype=bool), ok=np.array(ok, dtype=bool),
+                                send_s=np.array(send, dtype=np.float64), ttft_s=np.array(ttft, dtype=np.float64),
+                                e2e_s=np.array(e2e, dtype=np.float64), cached_tokens=cached_tok,
+                                tier_tokens=tiers_a, load_s=np.array(load_arr, dtype=np.float64),
                                 output_tokens=np.asarray(out_tokens, dtype=np.int64), duration_s=float(now),
                                 steps=steps, counters=counters)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtier.eviction import EvictionPolicy, PolicyName
+from kvtier.sim.lru import LeanLRU
 from kvtier.sim.profile import TierProfile
 
 TIER_NAMES = ("ram", "ssd", "shared")
@@ -28,14 +29,14 @@ class TierModel:
     speed: TierProfile
     chunk_bytes: int
     chunk_tokens: int
-    policy: EvictionPolicy
+    policy: EvictionPolicy | LeanLRU
     evictions: int = 0
 
     @classmethod
     def open(cls, name: str, speed: TierProfile, chunk_bytes: int, chunk_tokens: int,
              policy: PolicyName) -> "TierModel":
         return cls(name, int(speed.capacity // max(chunk_bytes, 1)), speed, chunk_bytes, chunk_tokens,
-                   EvictionPolicy(policy))
+                   LeanLRU() if policy == "lru" else EvictionPolicy(policy))
 
     def __contains__(self, key: int) -> bool:
         return key in self.policy
@@ -53,6 +54,7 @@ class StoreModel:
     promotions: int = 0
     _guard_cache: list = field(default_factory=list)
     _parent: list = field(default_factory=lambda: [None])   # the parent of the chunk being put
+    _bound: tuple = ()            # per-tier bound methods, rebuilt when tiers were added (a cluster's shared tier)
 
     @classmethod
     def open(cls, speeds: dict[str, TierProfile], chunk_bytes: int, chunk_tokens: int, policy: PolicyName,
@@ -61,20 +63,50 @@ class StoreModel:
                  if speeds[n].capacity >= chunk_bytes]
         return cls(tiers, promote_min_hits)
 
+    def _methods(self) -> tuple:
+        """(tier count, contains per tier, [(tier index, put_evicting, size, tokens, capacity,
+        guard)] of the tiers with room, touch per tier, (op latency, per-chunk read time) per
+        tier); cached until the tier list changes."""
+        b = self._bound
+        if not b or b[0] != len(self.tiers):
+            guards = self._guards()
+            live = tuple((i, t.policy.put_evicting, t.chunk_bytes, t.chunk_tokens, t.capacity_chunks, g)
+                         for i, (t, g) in enumerate(zip(self.tiers, guards)) if t.capacity_chunks > 0)
+            cost = tuple((t.speed.op_latency_s, t.speed.chunk_latency_s + t.chunk_bytes / t.speed.read_bw)
+                         for t in self.tiers)         # read_time's terms, same arithmetic
+            b = self._bound = (len(self.tiers), tuple(t.policy.contains for t in self.tiers), live,
+                               tuple(t.policy.touch for t in self.tiers), cost)
+        return b
+
     def present(self, key: int) -> bool:
-        return any(t.policy.contains(key) for t in self.tiers)
+        for h in self._methods()[1]:
+            if h(key):
+                return True
+        return False
 
     def lookup(self, keys: list[int]) -> list[int]:
         """Tier index serving each chunk of the longest available prefix."""
-        out: list[int] = []
-        has = [t.policy.contains for t in self.tiers]
+        has = self._methods()[1]
         if len(has) == 1:
             h0 = has[0]
+            n = 0
             for k in keys:
                 if not h0(k):
                     break
-                out.append(0)
+                n += 1
+            return [0] * n
+        if len(has) == 2:
+            h0, h1 = has
+            out: list[int] = []
+            for k in keys:
+                if h0(k):
+                    out.append(0)
+                elif h1(k):
+                    out.append(1)
+                else:
+                    break
             return out
+        out = []
         for k in keys:
             for i, h in enumerate(has):
                 if h(k):
@@ -89,7 +121,8 @@ class StoreModel:
         tiers = self.tiers
         counts = [0] * len(tiers)
         ram = tiers[0] if tiers and tiers[0].name == "ram" else None
-        touch = [t.policy.touch for t in tiers]
+        b = self._methods()
+        touch = b[3]
         lower = self._lower_hits
         for j, (k, i) in enumerate(zip(keys, where)):
             counts[i] += 1
@@ -104,32 +137,55 @@ class StoreModel:
                         self.promotions += 1
                 else:
                     lower[k] = c
-        return sum(t.read_time(n) for t, n in zip(tiers, counts) if n)
+        total = 0                               # (= sum(t.read_time(n) ...), term by term)
+        for (op, per), n in zip(b[4], counts):
+            if n:
+                total += op + n * per
+        return total
 
     def save(self, keys: list[int], start: int) -> None:
-        """Write-through of chunks ``keys[start:]`` (``keys`` = the prompt's whole chain)."""
+        """Write-through of chunks ``keys[start:]`` (``keys`` = the prompt's whole chain): per
+        chunk, one ``put_evicting`` per tier, tier after tier (the store's order)."""
         if start >= len(keys):
             return
         parent = keys[start - 1] if start else None
-        if parent is not None and not self.present(parent):
-            return                             # orphan put: refused, like TieredStore.put
-        guards = self._guards()
-        live = [(t, t.policy.put_evicting, t.chunk_bytes, t.chunk_tokens, t.capacity_chunks, g)
-                for t, g in zip(self.tiers, guards) if t.capacity_chunks > 0]
+        _, has, live, _, _ = self._methods()
+        if parent is not None:
+            for h in has:
+                if h(parent):
+                    break
+            else:
+                return                         # orphan put: refused, like TieredStore.put
+        if not live:
+            return
         cell = self._parent
-        for j in range(start, len(keys)):
-            key = keys[j]
-            cell[0] = parent
-            stored = False
-            for t, put, size, tokens, cap, keep in live:
+        ev = [0] * len(self.tiers)
+        if len(live) == 1:
+            (i, put, size, tokens, cap, keep), = live
+            for j in range(start, len(keys)):
+                key = keys[j]
+                cell[0] = parent
                 ok, n = put(key, parent, size, tokens, cap, keep)
-                if n:
-                    t.evictions += n
-                if ok:
-                    stored = True
-            if not stored:
-                return                         # the rest would be orphans
-            parent = key
+                ev[i] += n
+                if not ok:
+                    break                      # the rest would be orphans
+                parent = key
+        else:
+            for j in range(start, len(keys)):
+                key = keys[j]
+                cell[0] = parent
+                stored = False
+                for i, put, size, tokens, cap, keep in live:
+                    ok, n = put(key, parent, size, tokens, cap, keep)
+                    if n:
+                        ev[i] += n
+                    if ok:
+                        stored = True
+                if not stored:
+                    break                      # the rest would be orphans
+                parent = key
+        for t, n in zip(self.tiers, ev):
+            t.evictions += n
 
     def _guards(self) -> list:
         """Per tier, the store's eviction guard for the chunk being put (its parent in
@@ -145,6 +201,16 @@ class StoreModel:
 
     def _guard(self, contains: list, kids: list):
         cell = self._parent
+        if not kids:
+            def keep0(k: int) -> bool:
+                return k == cell[0]
+            return keep0
+        if len(kids) == 1:
+            okids, ocont = kids[0], contains[0]
+
+            def keep1(k: int) -> bool:
+                return k == cell[0] or (okids(k) and not ocont(k))
+            return keep1
 
         def keep(k: int) -> bool:
             if k == cell[0]:

@@ -46,6 +46,19 @@ class _MemoApprox(ApproxTokenizer):
         return ids
 
 
+try:
+    import msgspec as _msgspec
+
+    class _MooncakeRecord(_msgspec.Struct):
+        """One raw Mooncake trace line (other fields are ignored)."""
+        timestamp: float
+        input_length: int
+        output_length: int
+        hash_ids: list[int]
+except ImportError:          # the checked line-by-line reader alone
+    pass
+
+
 @dataclass(frozen=True)
 class SimTrace:
     name: str
@@ -174,6 +187,68 @@ def load_mooncake_raw(path: Path, *, block: int = 512, scale: int = 1, time_scal
     if block < 1 or scale < 1 or block // scale < 1:
         raise WorkloadError("mooncake block size and scale must be >= 1 with block // scale >= 1")
     unit = block // scale
+    fast = _mooncake_columns(path, scale, unit, max_requests)
+    if fast is not None:
+        ts, ins, outs, values, hoff = fast
+    else:
+        ts, ins, outs, values, hoff = _mooncake_columns_checked(path, scale, unit, max_requests)
+    n = len(ts)
+    hashes, _ = prefix_hashes(values, hoff, 1)
+    arr = np.asarray(ts, dtype=np.float64) / 1000.0 * time_scale
+    order = np.argsort(arr, kind="stable")
+    return SimTrace(
+        name=path.stem, unit_tokens=unit, conv_ids=[f"r{i:06d}" for i in range(n)],
+        conv_arrival_s=arr, conv_offsets=np.arange(n + 1, dtype=np.int64),
+        turn=np.zeros(n, dtype=np.int32), prompt_tokens=np.asarray(ins, dtype=np.int64),
+        max_tokens=np.asarray(outs, dtype=np.int64), think_s=np.zeros(n), arrival_hint_s=arr.copy(),
+        hashes=hashes, hoffsets=hoff) if np.all(order == np.arange(n)) else _reorder(
+            path.stem, unit, arr, ins, outs, hashes, hoff, order)
+
+
+def _mooncake_columns(path: Path, scale: int, unit: int, max_requests: int | None):
+    """The fast reader (msgspec, typed, the whole file at once): (timestamps, tokens, outputs,
+    hash ids of full units concatenated, offsets) — or None when msgspec is missing or anything
+    is off (a bad line, a negative value), and the checked reader then names the line."""
+    try:
+        import msgspec
+    except ImportError:
+        return None
+    try:
+        recs = msgspec.json.Decoder(_MooncakeRecord).decode_lines(path.read_bytes())
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
+        return None
+    if max_requests is not None:
+        recs = recs[:max_requests]
+    if not recs:
+        return None
+    n = len(recs)
+    ts = np.fromiter((r.timestamp for r in recs), dtype=np.float64, count=n)
+    raw_in = np.fromiter((r.input_length for r in recs), dtype=np.int64, count=n)
+    outs = np.fromiter((r.output_length for r in recs), dtype=np.int64, count=n)
+    if (ts < 0).any() or (raw_in < 0).any() or (outs < 0).any():
+        return None
+    ins = -(-raw_in // scale)
+    have = np.fromiter((len(r.hash_ids) for r in recs), dtype=np.int64, count=n)
+    full = np.minimum(have, ins // unit)                 # hash ids of full units only
+    try:
+        every = np.fromiter(itertools.chain.from_iterable(r.hash_ids for r in recs), dtype=np.int64,
+                            count=int(have.sum()))
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if (full == have).all():
+        values = every
+    else:
+        start = np.zeros(n, dtype=np.int64)
+        np.cumsum(have[:-1], out=start[1:])
+        pos = np.arange(len(every), dtype=np.int64) - np.repeat(start, have)
+        values = every[pos < np.repeat(full, have)]
+    hoff = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(full, out=hoff[1:])
+    return ts, ins, np.maximum(outs, 1), values, hoff
+
+
+def _mooncake_columns_checked(path: Path, scale: int, unit: int, max_requests: int | None):
+    """The line-by-line reader: the same columns, or a WorkloadError naming the bad line."""
     ts, ins, outs, ids, lens = [], [], [], [], []
     with path.open("r", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -208,16 +283,7 @@ def load_mooncake_raw(path: Path, *, block: int = 512, scale: int = 1, time_scal
         values = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64, count=int(hoff[-1]))
     except (TypeError, ValueError, OverflowError):
         raise WorkloadError(f"{path}: hash_ids must be integers") from None
-    hashes, _ = prefix_hashes(values, hoff, 1)
-    arr = np.asarray(ts, dtype=np.float64) / 1000.0 * time_scale
-    order = np.argsort(arr, kind="stable")
-    return SimTrace(
-        name=path.stem, unit_tokens=unit, conv_ids=[f"r{i:06d}" for i in range(n)],
-        conv_arrival_s=arr, conv_offsets=np.arange(n + 1, dtype=np.int64),
-        turn=np.zeros(n, dtype=np.int32), prompt_tokens=np.asarray(ins, dtype=np.int64),
-        max_tokens=np.asarray(outs, dtype=np.int64), think_s=np.zeros(n), arrival_hint_s=arr.copy(),
-        hashes=hashes, hoffsets=hoff) if np.all(order == np.arange(n)) else _reorder(
-            path.stem, unit, arr, ins, outs, hashes, hoff, order)
+    return ts, ins, outs, values, hoff
 
 
 def _reorder(name, unit, arr, ins, outs, hashes, hoff, order) -> SimTrace:

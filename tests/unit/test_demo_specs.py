@@ -39,6 +39,13 @@ def test_companion_specs_share_engine_sizing_and_ram_budget(tmp_path):
     assert _validate(specs[2].kvtier_config, tmp_path).store.disk.capacity == b.ssd_tokens * FACTS.kv_bytes_per_token
 
 
+@pytest.mark.parametrize("history, saves", [("live", True), ("workload", False)])
+def test_generated_chunks_are_saved_only_when_the_history_sends_replies_back(tmp_path, history, saves):
+    b = companion.budgets(companion.DEFAULT, FACTS, WF)
+    for s in companion.server_specs(companion.DEFAULT, FACTS, b, history)[1:]:
+        assert _validate(s.kvtier_config, tmp_path).connector.save_generated is saves
+
+
 def test_budgets_are_tokens_so_every_dtype_holds_the_same_share_of_the_working_set():
     """bf16 and float32: the same capacities in tokens, bytes = tokens x the dtype's KV bytes per token."""
     bf16 = dataclasses.replace(FACTS, kv_bytes_per_token=23_040, dtype="bfloat16")
