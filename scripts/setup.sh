@@ -16,10 +16,12 @@ import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PYEOF
 
 # System packages the test services need (tests/services): fuse3 for JuiceFS mounts, libibverbs1 for
-# Mooncake's binaries (loaded even for TCP). Installed only when missing; CI runs as root.
+# Mooncake's binaries (loaded even for TCP); libtcmalloc-minimal4: the malloc vLLM's CPU docs advise
+# (LD_PRELOAD; the soak runs with it, see benchmarks/soak/README.md). Installed only when missing; CI runs as root.
 apt_pkgs=()
 command -v fusermount3 >/dev/null 2>&1 || apt_pkgs+=(fuse3)
 ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || apt_pkgs+=(libibverbs1)
+ldconfig -p 2>/dev/null | grep -q 'libtcmalloc_minimal\.so\.4' || apt_pkgs+=(libtcmalloc-minimal4)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   log "installing system packages: ${apt_pkgs[*]} (apt-get)"

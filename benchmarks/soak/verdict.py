@@ -19,8 +19,10 @@ The rules (docs/results.md "Soak (session 5)" and benchmarks/soak/README.md give
 - **No growth in the last third**: every process's RSS slope (least squares over the samples in the
   last third of the run) <= ``slope_bound_mib_per_min`` (default 2 MiB/min: 20 MiB over the last
   10 minutes of a 30-minute soak, ~1% of the worker); at least 3 samples there, or the run is too
-  short to judge. Open files and threads at every sample of the second half <= the warmed-up
-  baseline (sample ``warmup``: thread pools start on the first requests) x 1.1 + 2.
+  short to judge. Open files and threads at every sample of the second half <= their largest value
+  in the first half after warm-up (from sample ``warmup``: thread pools start on the first requests)
+  x 1.1 + 2 (the API server's open files are its client sockets: they go up and down with the
+  requests in flight, so one warm-up sample is no baseline).
 """
 
 from __future__ import annotations
@@ -119,7 +121,8 @@ def _judge_process(name: str, series: list[tuple[float, dict]], ref: list[tuple[
     assert worst is not None
     tail = _last_third(series, end)
     s = slope(tail) if len(tail) >= 3 else None
-    base = series[min(base_i, len(series) - 1)][1]
+    early = [p for i, (m, p) in enumerate(series) if i >= base_i and m < half] or [series[-1][1]]
+    base = {k: max(p[k] for p in early) for k in ("fds", "threads")}
     late = [p for m, p in series if m >= half] or [series[-1][1]]
     out = {"name": name, "rss_first": series[0][1]["rss"], "rss_max": max(p["rss"] for _, p in series),
            "rss_last": series[-1][1]["rss"], "rss_worst_minute": round(worst[1], 2),
