@@ -218,10 +218,10 @@ def main() -> None:
         (Setting("RAM 1/2 of the working set", ram_fraction=0.5), rate, v0),
         (Setting("RAM = the working set", ram_fraction=1.0), rate, v0),
         (Setting("load x 0.6 (vLLM alone far from busy)"), rate * 0.6, None),
+        (Setting("load x 0.8"), rate * 0.8, None),
         (Setting("think time / 3 (60 s): a third of the users active, same load", think_scale=1 / 3), rate, None),
         (Setting("vLLM KV cache x 4 (more HBM per user)", kv_scale=4.0), rate, None),
         (Setting("qwen2.5-7b (57 KB/token: 2.3x more tokens)", preset="h100/qwen2.5-7b"), rate, None),
-        (Setting("h200 (141 GB HBM)", preset="h200/llama-3-8b"), rate, None),
         (Setting("long shared personas (100 x 1,500 tokens)", workload="long-personas"), rate, None),
         (Setting("long visits (8 turns)", workload="long-visits"), rate * 3 / 8, None),
     ]
