@@ -170,8 +170,10 @@ def trio(trace: SimTrace, s: Setting, rate: float, vllm: tuple | None = None) ->
     if vllm is None:
         v, (vsim, vp) = run(trace, s, "vllm", rate, 0)
         ws = working_set_tokens(trace, vsim.result)
+        ok, first, last = stable(trace, vsim.result)
         v.update(working_set_tokens=ws, working_set_over_gpu_kv=ws / vp.engine.kv_cache_tokens,
-                 working_set_gib=ws * vp.kv_bytes_per_token / GIB, gpu_kv_tokens=vp.engine.kv_cache_tokens)
+                 working_set_gib=ws * vp.kv_bytes_per_token / GIB, gpu_kv_tokens=vp.engine.kv_cache_tokens,
+                 stable=ok, steady_ttft_first_third_s=first, steady_ttft_last_third_s=last)
     else:
         v = vllm
     ram = int(s.ram_gib * GIB) if s.ram_gib is not None else int(s.ram_fraction * v["working_set_gib"] * GIB)
@@ -203,8 +205,12 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim-gpu-study-2026-12-01-s5")
     ap.add_argument("--only-base", action="store_true")
+    ap.add_argument("--load-sweep", type=float, nargs="*", metavar="RATE",
+                    help="instead: the base workload at these rates, RAM 1/4 and 1/2 of the working set")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.load_sweep:
+        return sweep(args.out, args.load_sweep)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         traces = {k: companion(Path(d), spec) for k, spec in WORKLOADS.items()
@@ -244,6 +250,21 @@ def main() -> None:
         print(line(out), flush=True)
         save()
     (args.out / "study.md").write_text(render(res))
+
+
+def sweep(out_dir: Path, rates: list[float]) -> None:
+    """Mean TTFT ratios against the load, near vLLM alone's saturation (base workload)."""
+    with tempfile.TemporaryDirectory() as d:
+        tr = companion(Path(d), SPEC)
+    res = []
+    for rate in rates:
+        for i, frac in enumerate((0.25, 0.5)):
+            s = Setting(f"rate {rate}, RAM {frac} of the working set", ram_fraction=frac)
+            r = trio(tr, s, rate, None if i == 0 else res[-1]["rows"]["vllm"])
+            res.append(r)
+            print(line(r), flush=True)
+            (out_dir / "sweep.json").write_text(json.dumps(res, indent=2, default=float))
+    (out_dir / "sweep.md").write_text("\n".join([HEAD] + [line(r) for r in res]) + "\n")
 
 
 def render(res: dict) -> str:
