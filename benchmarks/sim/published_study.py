@@ -68,6 +68,7 @@ class Setting:
     ram_fraction: float = 0.25
     ssd_gib: float = 2048.0
     kv_scale: float = 1.0             # x the preset's vLLM KV cache tokens
+    ssd_bw_scale: float = 1.0         # x the SSD's read bandwidth (4 = four NVMe Gen4 drives striped)
     workload: str = "base"
 
 
@@ -126,6 +127,7 @@ def run(trace: SimTrace, s: Setting, cfg: str, rate: float, ram_bytes: int) -> t
     p.engine.kv_cache_tokens = int(p.engine.kv_cache_tokens * s.kv_scale)
     p.ram.capacity = ram_bytes if cfg != "vllm" else 0
     p.ssd.capacity = int(s.ssd_gib * GIB) if cfg == "ram+ssd" else 0
+    p.ssd.read_bw *= s.ssd_bw_scale
     p.save = cfg != "vllm"
     t = time.perf_counter()
     sim = simulate(trace, p, LoadSpec(mode="open", rate=rate, think_time_scale=s.think_scale))
@@ -258,9 +260,12 @@ def sweep(out_dir: Path, rates: list[float]) -> None:
         tr = companion(Path(d), SPEC)
     res = []
     for rate in rates:
-        for i, frac in enumerate((0.25, 0.5)):
-            s = Setting(f"rate {rate}, RAM {frac} of the working set", ram_fraction=frac)
-            r = trio(tr, s, rate, None if i == 0 else res[-1]["rows"]["vllm"])
+        v = None
+        for frac, bw in ((0.25, 1.0), (0.5, 1.0), (0.25, 4.0)):
+            s = Setting(f"rate {rate}, RAM {frac} of the working set" + (f", SSD read x {bw:g}" if bw != 1 else ""),
+                        ram_fraction=frac, ssd_bw_scale=bw)
+            r = trio(tr, s, rate, v)
+            v = r["rows"]["vllm"]
             res.append(r)
             print(line(r), flush=True)
             (out_dir / "sweep.json").write_text(json.dumps(res, indent=2, default=float))
