@@ -306,6 +306,13 @@ class TieredStore:
                 return scratch
         return scratch
 
+    def promote(self, meta: ChunkMeta, payload: memoryview | bytearray) -> None:
+        """Copy a verified chunk the caller read from a shared tier (``read_into(promote=False)``)
+        into the local tiers that lack it: the promotion ``read_into`` would have made, done later
+        in the caller's order (a chunk whose parent is neither local nor known in the shared tier
+        is not promoted: never an orphan). The caller may reuse ``payload`` once this returns."""
+        self._promote(meta, as_byte_view(payload)[:meta.payload_len], len(self.tiers))
+
     def _promote(self, meta: ChunkMeta, payload: memoryview, from_index: int) -> None:
         if not self.config.promote_on_hit or (meta.parent is not None and not self._present(meta.parent)):
             return

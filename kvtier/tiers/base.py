@@ -63,6 +63,31 @@ def as_byte_view(buf: bytes | bytearray | memoryview, writable: bool = False) ->
     return view
 
 
+COPY_NOGIL_MIN = 1 << 16     # smaller copies: a slice assignment (the call overhead would dominate)
+
+
+def copy_bytes(dst: memoryview, src: bytes | bytearray | memoryview) -> None:
+    """``dst[:] = src`` for flat byte views of equal length (ValueError otherwise), with the GIL
+    released for large copies (``ctypes.memmove``): a chunk copy (~12 MB, ~1 ms) then never stalls
+    the engine's thread or another reader's; a memoryview slice assignment holds the GIL
+    throughout and is ~3x slower here."""
+    n = len(dst)
+    if len(src) != n:
+        raise ValueError(f"copy of {len(src)} bytes into a {n}-byte view")
+    if n < COPY_NOGIL_MIN:
+        dst[:] = src
+        return
+    import ctypes
+
+    import numpy as np
+
+    d = np.frombuffer(dst, np.uint8)
+    if not d.flags.writeable:
+        raise ValueError("output buffer is read-only")
+    s = np.frombuffer(src, np.uint8)
+    ctypes.memmove(d.ctypes.data, s.ctypes.data, n)
+
+
 class Tier(ABC):
     """One storage level. See the module docstring for the guarantees."""
 

@@ -40,7 +40,7 @@ from kvtier.chunk import ChunkMeta
 from kvtier.config import SharedTierBase
 from kvtier.keys import ChunkKey
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, WrappingTier, as_byte_view
+from kvtier.tiers.base import Tier, WrappingTier, as_byte_view, copy_bytes
 from kvtier.tiers.breaker import Breaker
 from kvtier.tiers.protocol import Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 
@@ -226,7 +226,7 @@ class GuardedTier(WrappingTier):
             return [ReadResult.unavailable(e.reason) for _ in keys]
         for r, v, b in zip(res, views, scratch):
             if r.ok and r.meta is not None:
-                v[:r.meta.payload_len] = memoryview(b)[:r.meta.payload_len]
+                copy_bytes(v[:r.meta.payload_len], memoryview(b)[:r.meta.payload_len])
         if all(r.status is Status.UNAVAILABLE for r in res):
             self._answered(Status.UNAVAILABLE)
         return res

@@ -35,7 +35,7 @@ from kvtier.chunk import ChunkMeta
 from kvtier.eviction import EvictionPolicy, PolicyName
 from kvtier.keys import ChunkKey
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import Tier, TierUsage, as_byte_view, copy_bytes
 from kvtier.tiers.protocol import Capabilities
 
 PAGE = 4096
@@ -204,7 +204,7 @@ class MemoryTier(Tier):
             self._policy.touch(key)
             src = self._slot_view(slot, meta.payload_len)
         try:
-            out[:meta.payload_len] = src
+            copy_bytes(out[:meta.payload_len], src)
         finally:
             self._unpin(slot)
         self._tm.hit(self.name, meta.payload_len, time.perf_counter() - t0)
@@ -264,7 +264,7 @@ class MemoryTier(Tier):
         if slot is None:
             self._tm.event("dropped_store", self.name, "no free memory slot (all pinned)")
             return False
-        self._slot_view(slot, meta.payload_len)[:] = src
+        copy_bytes(self._slot_view(slot, meta.payload_len), src)
         with self._lock:
             self._pins[slot] -= 1
             if meta.key in self._entries or self._closed:  # another thread won the race

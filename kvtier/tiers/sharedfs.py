@@ -30,7 +30,7 @@ from kvtier.config import SharedFsConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
 from kvtier.tiers import sharedfs_io as sio
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.base import Tier, TierUsage, as_byte_view, copy_bytes
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.sharedfs_janitor import Janitor
 from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, BurstEvents, Layout, Stamps
@@ -237,7 +237,7 @@ class SharedFsTier(Tier):
                     return b.put_locked(i, ReadResult.unavailable("timeout"))
                 b.copying += 1
             try:
-                views[i][:meta.payload_len] = payload
+                copy_bytes(views[i][:meta.payload_len], payload)
             finally:
                 with b.cond:
                     b.copying -= 1

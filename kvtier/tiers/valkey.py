@@ -46,7 +46,7 @@ from kvtier.chunk import ChunkError, ChunkMeta, decode, file_size, read_limit
 from kvtier.config import ValkeyConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view
+from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view, copy_bytes
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.valkey_conn import Connections, fault_kind, require_client, short
@@ -267,7 +267,7 @@ class ValkeyTier(RemoteTier):
         if meta.payload_len > len(out):
             self._tm.event("wrong_size", self.name, f"{key.hex()[:16]}: {meta.payload_len} B > buffer {len(out)} B")
             return ReadResult.miss("wrong_size")
-        out[:meta.payload_len] = payload
+        copy_bytes(out[:meta.payload_len], payload)
         return ReadResult.hit(meta)
 
     def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:

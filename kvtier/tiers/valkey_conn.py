@@ -23,6 +23,9 @@ from typing import Any, Sequence
 from kvtier.config import ConfigError, ValkeyConfig
 
 log = logging.getLogger("kvtier.valkey")
+#: the io client's socket reads (valkey-py's default is 64 KiB: ~180 reads, each a GIL hand-off,
+#: per 11.8 MB chunk; standalone only, valkey-py's cluster client does not pass the option on)
+IO_SOCKET_READ_SIZE = 1 << 20
 
 try:  # the client library is optional: only a configured valkey tier needs it
     import valkey
@@ -131,6 +134,8 @@ class Connections:
         kw = self._kwargs(timeout)
         url = self._url()
         if not self.cfg.cluster:
+            if which == "io":   # multi-MiB values: fewer, larger socket reads (each one a GIL hand-off)
+                kw["socket_read_size"] = IO_SOCKET_READ_SIZE
             return valkey.Valkey.from_url(url, **kw)
         from valkey.cluster import ValkeyCluster
 

@@ -1,18 +1,29 @@
 """Asynchronous loads (vLLM's ``load_kv_async``): a request whose claim includes chunks of a
 shared (network) tier waits for its KV while every other request keeps running.
 
-``AsyncLoader.submit(plan)`` queues the plan for one background thread, which reads its
-chunks in order (each read bounded by the plan's deadline, ``connector.load_timeout_s``
-from submission) into its own buffer and copies them into the request's blocks. The first
-chunk that cannot be read (miss, unavailable backend, deadline passed) ends the plan: it
-and every later chunk become load errors (vLLM recomputes them). ``take_done()`` hands
-back finished plans: the worker reports their request ids in ``get_finished``
-(``finished_recving``) and their failed block ids in ``get_block_ids_with_load_errors``
-in the **same** step, as vLLM requires.
+``AsyncLoader.submit(plan)`` queues the plan for one background loader thread. Its chunks
+are read ``depth`` at a time on a pool of reader threads (as the synchronous load's
+``PREFETCH_DEPTH``), each into one of ``depth + 1`` ring buffers and each read bounded by the
+plan's deadline (``connector.load_timeout_s`` from submission, passed to the store, whose
+``GuardedTier`` never waits past it); the loader thread copies verified chunks into the
+request's blocks **in request order**, then hands each to ``promote`` (copy into the local
+tiers; in order, so a chunk's parent is always local before the chunk). The first chunk that
+cannot be read (miss, unavailable backend, deadline passed) ends the plan: it and every later
+chunk become load errors (vLLM recomputes them); reads of later chunks not yet started are
+cancelled, and if one is still running the ring and the pool are abandoned (a late read never
+lands in a buffer the next plan uses; the abandoned threads end with their reads, which the
+deadline bounds). ``take_done()`` hands back finished plans: the worker reports their request
+ids in ``get_finished`` (``finished_recving``) and their failed block ids in
+``get_block_ids_with_load_errors`` in the **same** step, as vLLM requires.
 
-A stalled backend therefore delays only the requests waiting on it, and at most until
-their deadline: the thread waits in ``GuardedTier`` (bounded by the deadline), never in
-the engine's loop.
+``wait_done(timeout)`` blocks (GIL released) until a plan has finished or ``timeout`` passed:
+the worker calls it in a step that scheduled no tokens (see ``WorkerSide.get_finished``), so an
+engine with nothing to run but requests waiting for their KV no longer spins its Python loop
+against the loader's threads.
+
+A stalled backend therefore delays only the requests waiting on it, and at most until their
+deadline: the threads wait in ``GuardedTier`` (bounded by the deadline), never in the
+engine's loop.
 """
 
 from __future__ import annotations
@@ -21,17 +32,26 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from kvtier.integrations.vllm.metadata import LoadOutcome, LoadPlan
+from kvtier.tiers.guard import DaemonPool
 
 log = logging.getLogger("kvtier.connector")
 
-#: read(key, deadline_monotonic) -> (ok, error): fill the loader's buffer with the chunk
-ReadFn = Callable[[bytes, float], tuple[bool, str | None]]
-#: scatter(block_ids, first_block): copy the loader's buffer into those blocks
-ScatterFn = Callable[[tuple[int, ...], int], None]
+#: read(key, buffer, deadline_monotonic) -> (ok, error, meta): fill ``buffer`` with the verified chunk
+ReadFn = Callable[[bytes, Any, float], tuple[bool, "str | None", Any]]
+#: scatter(block_ids, first_block, buffer): copy the chunk in ``buffer`` into those blocks
+ScatterFn = Callable[[tuple[int, ...], int, Any], None]
+#: promote(meta, buffer): copy a chunk read from a lower tier into the local tiers (best effort)
+PromoteFn = Callable[[Any, Any], None]
+#: a fresh chunk buffer
+BufferFn = Callable[[], Any]
+
+GRACE_S = 1.0     # beyond the deadline, how long the loader waits for a read before abandoning it
 
 
 @dataclass
@@ -45,17 +65,25 @@ class DoneLoad:
 
 
 class AsyncLoader:
-    def __init__(self, read: ReadFn, scatter: ScatterFn, *, block_size: int, load_timeout_s: float) -> None:
+    def __init__(self, read: ReadFn, scatter: ScatterFn, new_buffer: BufferFn, *, block_size: int,
+                 load_timeout_s: float, depth: int = 2, promote: PromoteFn | None = None) -> None:
         self._read = read
         self._scatter = scatter
+        self._promote = promote
+        self._new_buffer = new_buffer
         self._block_size = block_size
         self._timeout = load_timeout_s
+        self.depth = max(1, depth)
         self._q: queue.SimpleQueue[tuple[LoadPlan, float] | None] = queue.SimpleQueue()
         self._done: list[DoneLoad] = []
         self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
         self._thread: threading.Thread | None = None
         self._inflight: set[str] = set()
         self._closed = False
+        self.buffers: list[Any] = []          # the ring (loader thread only)
+        self._pool: DaemonPool | None = None
+        self.abandoned = 0                    # rings/pools given up on a read still running
 
     def submit(self, plan: LoadPlan) -> None:
         """Queue ``plan``; its deadline starts now."""
@@ -79,15 +107,17 @@ class AsyncLoader:
                 self._inflight.discard(d.req_id)
             return done
 
+    def wait_done(self, timeout: float) -> bool:
+        """Block until a finished plan is ready for ``take_done`` (True) or ``timeout`` passed, or
+        nothing is in flight (False); side-effect free."""
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._done) or len(self._inflight) == 0, timeout) \
+                and bool(self._done)
+
     def wait_idle(self, timeout: float) -> bool:
         """(tests, shutdown) Until every submitted plan is done; False on timeout."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            with self._lock:
-                if len(self._inflight) == len(self._done):
-                    return True
-            time.sleep(0.005)
-        return False
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self._inflight) == len(self._done), timeout)
 
     def close(self) -> None:
         with self._lock:
@@ -98,6 +128,8 @@ class AsyncLoader:
         while True:
             job = self._q.get()
             if job is None:
+                if self._pool is not None:
+                    self._pool.shutdown(self.depth)
                 return
             plan, deadline = job
             t0 = time.perf_counter()
@@ -105,33 +137,73 @@ class AsyncLoader:
                 done = self._load(plan, deadline)
             except Exception as e:   # never let the thread die: the whole plan is a load error
                 log.exception("kvtier: async load of %s failed", plan.req_id)
+                self._abandon()
                 done = DoneLoad(plan.req_id, LoadOutcome(0, 0, f"exception: {e}"))
                 for ch in plan.chunks:
                     done.error_blocks.update(ch.block_ids)
                     done.outcome.failed_tokens += len(ch.block_ids) * self._block_size
             done.seconds = time.perf_counter() - t0
-            with self._lock:
+            with self._cond:
                 self._done.append(done)
+                self._cond.notify_all()
+
+    def _ring(self) -> tuple[list[Any], DaemonPool]:
+        while len(self.buffers) < self.depth + 1:
+            self.buffers.append(self._new_buffer())
+        if self._pool is None:
+            self._pool = DaemonPool(self.depth, "kvtier-async-read")
+        return self.buffers, self._pool
+
+    def _abandon(self) -> None:
+        """A read may still write into the ring: never reuse it (nor the pool's busy threads)."""
+        self.abandoned += 1
+        self.buffers = []
+        if self._pool is not None:
+            self._pool.shutdown(self.depth)     # its threads exit once their reads return
+            self._pool = None
 
     def _load(self, plan: LoadPlan, deadline: float) -> DoneLoad:
         done = DoneLoad(plan.req_id, LoadOutcome())
+        chunks = plan.chunks
+        bufs, pool = self._ring()
+        nbuf = len(bufs)
+        futures: dict[int, Future] = {}
+
+        def submit(j: int) -> None:
+            if j < len(chunks):
+                key, buf = chunks[j].key, bufs[j % nbuf]
+                futures[j] = pool.submit(lambda: self._read(key, buf, deadline))
+
+        for j in range(min(self.depth, len(chunks))):
+            submit(j)
         failed_at: int | None = None
-        for i, ch in enumerate(plan.chunks):
-            if time.monotonic() >= deadline:
-                ok, err = False, "timeout"
-            else:
-                ok, err = self._read(ch.key, deadline)
+        for i, ch in enumerate(chunks):
+            submit(i + self.depth)     # its buffer was last used by chunk i-1, already copied
+            fut = futures.pop(i)
+            try:
+                ok, err, meta = fut.result(timeout=max(0.0, deadline - time.monotonic()) + GRACE_S)
+            except FutureTimeout:
+                futures[i] = fut
+                ok, err, meta = False, "timeout", None
             if not ok:
                 failed_at, done.outcome.error = i, err or "unknown"
                 done.missing.append(ch.key)
                 log.warning("kvtier: async load of chunk %d for %s failed (%s); vLLM will recompute",
                             i, plan.req_id, err)
                 break
-            self._scatter(ch.block_ids, ch.first_block)
+            self._scatter(ch.block_ids, ch.first_block, bufs[i % nbuf])
             done.outcome.loaded_tokens += len(ch.block_ids) * self._block_size
             done.loaded.append(ch.key)
+            if self._promote is not None and meta is not None:
+                try:
+                    self._promote(meta, bufs[i % nbuf])
+                except Exception as e:   # promotion is an optimisation: never fail a load for it
+                    log.warning("kvtier: promoting a shared-tier chunk failed: %s", e)
+        running = [f for f in futures.values() if not f.cancel()]   # not started yet: skipped
+        if any(not f.done() for f in running):
+            self._abandon()
         if failed_at is not None:
-            for ch in plan.chunks[failed_at:]:
+            for ch in chunks[failed_at:]:
                 done.error_blocks.update(ch.block_ids)
                 done.outcome.failed_tokens += len(ch.block_ids) * self._block_size
         return done

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -107,6 +107,17 @@ class RemoteLookups:
         if res.status is Status.UNAVAILABLE:
             self.unavailable += 1
         return res.num_chunks
+
+    def wait_any(self, timeout: float) -> bool:
+        """Block (GIL released) until a pending query has answered or ``timeout`` passed, never past
+        a pending query's ``lookup_timeout_s``; False at once when none is pending. Side-effect free."""
+        now = time.monotonic()
+        pending = [q for q in self._q.values() if not q.given_up and not q.future.done()]
+        if not pending:
+            return False
+        left = min(timeout, max(0.0, min(q.t0 + self.timeout for q in pending) - now))
+        done, _ = wait([q.future for q in pending], timeout=left, return_when=FIRST_COMPLETED)
+        return bool(done)
 
     def forget(self, req_id: str) -> None:
         self._q.pop(req_id, None)

