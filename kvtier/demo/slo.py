@@ -28,6 +28,7 @@ from rich.table import Table
 
 from kvtier.demo.calibrate import Calibration, PrefillProfile, obtain_calibration
 from kvtier.demo.common import DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, console, fmt_s, ratio, write_json
+from kvtier.demo.slo_sizing import fit_slo_size
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class SloDemoSize:
 # The reference run: 24 documents of 720 tokens (17K tokens), engine KV a quarter of it, 16 users fixed.
 DEFAULT = SloDemoSize(doc_set_tokens=17_280, max_users=32, fixed_users=16)
 QUICK = SloDemoSize(doc_set_tokens=7_200, max_users=8, fixed_users=8, min_requests=8, lengths=3)
+TARGET_S, QUICK_TARGET_S = 900.0, 360.0   # wall time the run is shrunk towards (kvtier.demo.slo_sizing)
 
 
 @dataclass(frozen=True)
@@ -136,6 +138,15 @@ def run(size: SloDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions, *,
     choice = choose_slo(cal.profile, size, facts.max_model_len)
     console.print(f"SLO: p90 TTFT <= [bold]{choice.slo_s:g} s[/] ({choice.reason}); document lengths "
                   f"{', '.join(map(str, choice.doc_tokens))} tokens")
+    fit = fit_slo_size(size, choice.doc_tokens, choice.slo_s, cal.profile, cal.startup_s, DEMO_CHUNK_TOKENS,
+                       opts.target_s or (QUICK_TARGET_S if opts.quick else TARGET_S))
+    size = fit.size
+    console.print(f"estimated {fit.estimate.seconds / 60:.0f} min on this machine (target {fit.target_s / 60:.0f}; "
+                  + ("; ".join(fit.changed) if fit.changed else "nothing shrunk") + ")")
+    if not fit.fits:
+        console.print(f"[yellow]the SLO demo cannot be shrunk to {fit.target_s / 60:.0f} min here without fewer than "
+                      f"{size.repeats} repeats or {size.lengths} document lengths: expect about "
+                      f"{fit.estimate.seconds / 60:.0f} min[/]")
     tokenizer = tokenizer or load_tokenizer(facts.path)
     start = start_server or VllmServer.start
     workloads = {}
@@ -197,7 +208,7 @@ def run(size: SloDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions, *,
     figures = {"slo": choice.to_dict(), "by_length": rows, "fixed_users": size.fixed_users,
                "repeats": size.repeats, "calibration": cal.to_dict(), "dtype": facts.dtype,
                "engine_kv_tokens": engine_tokens, "plot": str(plot), "quick": opts.quick, "size": asdict(size),
-               "results": results}
+               "results": results, "sizing": fit.to_dict()}
     longest = rows[-1]
     figures["concurrency_ratio"] = rows[0]["users_ratio"]
     figures["ttft_ratio"] = longest["p90_ratio"]
