@@ -165,7 +165,8 @@ def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets, history
     ram_ssd = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram},
                          "disk": {"enabled": True, "capacity": b.bytes(b.ssd_tokens)}}}
     if history != "live":
-        ram_only["connector"] = ram_ssd["connector"] = {"save_generated": False}
+        for cfg in (ram_only, ram_ssd):          # one dict each: the two configurations share no state
+            cfg["connector"] = {"save_generated": False}
     return [ServerSpec(name="vanilla", **common),
             ServerSpec(name="kvtier-ram", kvtier_config=ram_only, **common),
             ServerSpec(name="kvtier-ram-ssd", kvtier_config=ram_ssd, **common)]
