@@ -28,7 +28,7 @@ from rich.table import Table
 
 from kvtier.demo.calibrate import Calibration, PrefillProfile, obtain_calibration
 from kvtier.demo.common import DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, console, fmt_s, ratio, write_json
-from kvtier.demo.slo_sizing import fit_slo_size
+from kvtier.demo.slo_sizing import documents_for, fit_slo_size, point_requests
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,6 @@ def choose_slo(profile: PrefillProfile, size: SloDemoSize, model_max_tokens: int
         raise DemoError(f"the model's context ({model_max_tokens} tokens) leaves no room for {size.lengths} "
                         f"document lengths from {first} tokens")
     return SloChoice(slo_s=slo, doc_tokens=lengths, published=published, cold_ttft_s=cold, reason=reason)
-
-
-def documents_for(size: SloDemoSize, doc_tokens: int) -> int:
-    return max(2, round(size.doc_set_tokens / doc_tokens))
-
-
-def point_requests(size: SloDemoSize, users: int) -> int:
-    return max(size.min_requests, size.min_requests_per_user * users)
 
 
 def measured_prompts(convs: Sequence[Any], needed: int) -> list[Any]:

@@ -72,6 +72,16 @@ def service_s(profile: PrefillProfile, size: Any, doc_tokens: int, config: str, 
     return profile.seconds(over + chunk_tokens / 2)
 
 
+def documents_for(size: Any, doc_tokens: int) -> int:
+    """Documents per length: the same document-set tokens at every length, at least 2."""
+    return max(2, round(size.doc_set_tokens / doc_tokens))
+
+
+def point_requests(size: Any, users: int) -> int:
+    """Measured requests at one concurrency point: enough for every user to send several."""
+    return max(size.min_requests, size.min_requests_per_user * users)
+
+
 def point_seconds(profile: PrefillProfile, service: float, users: int, requests: int) -> tuple[float, float]:
     """(predicted p90 TTFT, wall seconds) of ``requests`` requests at ``users`` closed-loop users."""
     a = min(max(profile.a, 0.0), service)
@@ -83,7 +93,6 @@ def estimate_slo_run(size: Any, doc_tokens: tuple[int, ...], slo_s: float, profi
                      startup_s: float, chunk_tokens: int) -> SloEstimate:
     """Wall time of the whole demo for ``size`` on the machine ``profile`` describes (side-effect free)."""
     from kvtier.bench.slo import SloOptions, search
-    from kvtier.demo.slo import documents_for, point_requests
 
     opts = SloOptions(slo_s=slo_s, statistic="ttft_p90_s", start=1, max_load=size.max_users, repeats=1,
                       requests_per_point=size.min_requests, steady_state=True,
