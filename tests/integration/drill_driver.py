@@ -154,19 +154,6 @@ def preemptions(llm) -> int:
     return int(sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics() if m.name.startswith("vllm:num_preemptions")))
 
 
-def _in_process_on_one_core() -> None:
-    """The reference (no kvtier) runs its engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0:
-    one interpreter start instead of three) with the compute of vLLM's multiprocess worker: one
-    thread on the lane's core (VLLM_CPU_OMP_THREADS_BIND, set by the test), so its greedy outputs are
-    computed the way the kvtier engines compute theirs. The kvtier roles keep vLLM's multiprocess
-    executor (the connector's scheduler and worker halves in separate processes, as in a server)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    core = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "")
-    if core.isdigit():
-        os.sched_setaffinity(0, {int(core)})           # before torch starts its OpenMP threads
-        os.environ["OMP_NUM_THREADS"] = "1"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["reference", "crash", "restart", "faults", "plain"])
@@ -187,8 +174,6 @@ def main() -> int:
         kv_gib = args.kv_tokens * kv_bytes_per_token(Path(args.model), "float32") / 2**30
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"     # collective_rpc(audit_worker)
     apply_vllm_env(kv_cache_space_gib=kv_gib)
-    if args.role == "reference":
-        _in_process_on_one_core()
     from kvtier.engine import make_llm
     from kvtier.server import kv_transfer_config
 
