@@ -48,7 +48,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from kvtier.server import ServerSpec, VllmServer, launch_env
+from kvtier.server import ServerSpec, VllmServer, check_spec, launch_env
 from tests.services.fixtures import juicefs, started, valkey_password_server, valkey_server  # noqa: F401
 from tests.services.juicefs import JuiceFs
 from tests.services.mooncake import MooncakeCluster
@@ -122,14 +122,26 @@ def _cores() -> list[str | None]:
     return [str(cpus[0]), str(cpus[1])] if len(cpus) >= 2 else [None, None]
 
 
-@contextmanager
-def _serve(spec: ServerSpec, tmp: Path, core: str | None) -> Iterator[VllmServer]:
-    env = launch_env(spec)
-    if core is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = core
-    with VllmServer.start(spec, tmp / f"{spec.name}.log", env=env) as srv:
-        yield srv
-        time.sleep(1.0)            # background shared-tier writes of the last request; stop() flushes
+class _Lane:
+    """The servers of one lane: specs, environments (compute pinned to the lane's core) and checks are
+    built in the test's own thread before the lanes start (the first dtype choice imports torch, and
+    two threads must not race through first imports); the lane's thread only starts servers."""
+
+    def __init__(self, tmp: Path, core: str | None, specs: list[ServerSpec]) -> None:
+        self.tmp, self.specs, self.envs = tmp, {s.name: s for s in specs}, {}
+        for spec in specs:
+            check_spec(spec)
+            env = launch_env(spec)
+            if core is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = core
+            self.envs[spec.name] = env
+
+    @contextmanager
+    def serve(self, name: str) -> Iterator[VllmServer]:
+        spec = self.specs[name]
+        with VllmServer.start(spec, self.tmp / f"{name}.log", env=self.envs[name]) as srv:
+            yield srv
+            time.sleep(1.0)        # background shared-tier writes of the last request; stop() flushes
 
 
 @pytest.fixture
@@ -157,12 +169,19 @@ def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
     wrong = _timeouts({"kind": "valkey", "url": f"redis://127.0.0.1:{valkey_password_server.port}/0",
                        "password": WRONG})
     cores = _cores()
+    lanes = [_Lane(tmp_path, cores[0], [
+                 _spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": disk, "shared": mooncake}),
+                 _spec("b", model, {"disk": disk, "shared": wrong}),
+                 _spec("e", model, {"shared": mooncake, "deployment": "other-team"})]),
+             _Lane(tmp_path, cores[1], [
+                 _spec("c", model, {"shared": sharedfs}),
+                 _spec("f", model, {"shared": sharedfs, "deployment": "other-team"}),
+                 _spec("d", model, {"shared": valkey})])]
 
     def lane0(c: _Client) -> dict:
-        core, out = cores[0], {}
+        lane, out = lanes[0], {}
         # a: alice fills RAM, SSD and Mooncake; bob (same prompt, another salt) must not hit RAM.
-        with _serve(_spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": disk, "shared": mooncake}),
-                    tmp_path, core) as s:
+        with lane.serve("a") as s:
             assert c.cached(s, "alice") == 0
             assert c.cached(s, "bob") == 0                      # other tenant: no RAM hit
             out["hit"] = hit = c.cached(s, "alice")
@@ -170,7 +189,7 @@ def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
 
         # b: a fresh process on the same SSD whose Valkey tier has a wrong password: it serves from the
         # SSD, the tier is off (one error line, auth_failed counted), the secret is in no log or report.
-        with _serve(_spec("b", model, {"disk": disk, "shared": wrong}), tmp_path, core) as s:
+        with lane.serve("b") as s:
             assert c.cached(s, "carol") == 0                    # a salt never seen: no other salt's KV on the SSD
             assert c.cached(s, "alice") == hit                  # SSD hit
             time.sleep(1.5)                                     # a stats snapshot after the requests
@@ -183,21 +202,21 @@ def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
         assert cli.returncode == 0 and "auth_failed" in cli.stdout, cli.stderr
 
         # e: after a wrote alice's chunks to Mooncake
-        with _serve(_spec("e", model, {"shared": mooncake, "deployment": "other-team"}), tmp_path, core) as s:
+        with lane.serve("e") as s:
             assert c.cached(s, "alice") == 0                    # another deployment on the same Mooncake
             out["e"] = c.hit_soon(s, "alice", hit)              # Mooncake hit
             assert c.cached(s, "zed") == 0
         return out
 
     def lane1(c: _Client) -> dict:
-        core, out = cores[1], {}
-        with _serve(_spec("c", model, {"shared": sharedfs}), tmp_path, core) as s:
+        lane, out = lanes[1], {}
+        with lane.serve("c") as s:
             assert c.cached(s, "sam") == 0
             out["c"] = c.hit_soon(s, "sam", c.full_chunks())    # shared-fs hit (the engine's own chunks)
             assert c.cached(s, "zed") == 0                      # the shared fs holds sam's chunks: not zed's
-        with _serve(_spec("f", model, {"shared": sharedfs, "deployment": "other-team"}), tmp_path, core) as s:
+        with lane.serve("f") as s:
             assert c.cached(s, "sam") == 0                      # another deployment on the same shared fs
-        with _serve(_spec("d", model, {"shared": valkey}), tmp_path, core) as s:
+        with lane.serve("d") as s:
             assert c.cached(s, "dave") == 0
             out["d"] = c.hit_soon(s, "dave", c.full_chunks())   # Valkey hit
             assert c.cached(s, "zed") == 0                      # Valkey holds dave's chunks: not zed's
