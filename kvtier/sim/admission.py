@@ -60,11 +60,11 @@ class Admission:
         units = tr.hashes[ho[r]:ho[r + 1]].tolist()
         max_hit = min(len(units), (plen - 1) // U)
         cache = self.cache
-        gpu_hit = cache.match(units, max_hit)
+        gpu_hit, hit_free = cache.match_free(units, max_hit)
         total_units = -(-plen // U) if self._preemption else -(-(q.prompt + q.out) // U)
-        gpu_units = units[:gpu_hit]
-        if not cache.can_allocate(gpu_units, total_units):
+        if not cache.fits(gpu_hit, hit_free, total_units):
             return None                 # (before the store lookup, which is pure: a blocked head retries)
+        gpu_units = units[:gpu_hit]
         ext_units, where, keys = 0, [], units
         store = self.store
         if store is not None:
@@ -121,5 +121,5 @@ class Admission:
         self._commit(q, len(units))
         if self.store is not None and self.profile.save:
             cu = self.chunk_units
-            self.store.save(units[cu - 1::cu], q.stored)     # never re-save what the store held
+            self.store.save(units if cu == 1 else units[cu - 1::cu], q.stored)   # never re-save what the store held
         q.units = []

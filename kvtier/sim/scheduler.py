@@ -39,6 +39,7 @@ import numpy as np
 from kvtier.sim.admission import Admission, SimRequest as _Req
 from kvtier.sim.costs import StepCost
 from kvtier.sim.load import LoadSpec, conversation_starts
+from kvtier.sim.nogc import gc_paused
 from kvtier.sim.prefix_cache import PrefixCacheModel
 from kvtier.sim.profile import SimProfile
 from kvtier.sim.tiers import TIER_NAMES, StoreModel
@@ -82,9 +83,10 @@ class EngineSim(Admission):
                       if profile.kvtier_enabled() else None)
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
-        """The whole simulation."""
-        for _ in self.steps(progress):
-            pass
+        """The whole simulation (the cyclic GC paused meanwhile: ``kvtier.sim.nogc``)."""
+        with gc_paused():
+            for _ in self.steps(progress):
+                pass
         return self.result
 
     def steps(self, progress: Callable[[int], None] | None = None) -> Iterator[float]:

@@ -170,6 +170,20 @@ class StoreModel:
                 if not ok:
                     break                      # the rest would be orphans
                 parent = key
+        elif len(live) == 2:                   # the same, RAM + SSD unrolled
+            (i0, put0, size0, tok0, cap0, keep0), (i1, put1, size1, tok1, cap1, keep1) = live
+            e0 = e1 = 0
+            for j in range(start, len(keys)):
+                key = keys[j]
+                cell[0] = parent
+                ok0, n0 = put0(key, parent, size0, tok0, cap0, keep0)
+                ok1, n1 = put1(key, parent, size1, tok1, cap1, keep1)
+                e0 += n0
+                e1 += n1
+                if not (ok0 or ok1):
+                    break                      # the rest would be orphans
+                parent = key
+            ev[i0], ev[i1] = e0, e1
         else:
             for j in range(start, len(keys)):
                 key = keys[j]
@@ -185,7 +199,8 @@ class StoreModel:
                     break                      # the rest would be orphans
                 parent = key
         for t, n in zip(self.tiers, ev):
-            t.evictions += n
+            if n:
+                t.evictions += n
 
     def _guards(self) -> list:
         """Per tier, the store's eviction guard for the chunk being put (its parent in
