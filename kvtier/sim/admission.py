@@ -49,6 +49,7 @@ class Admission:
     chunk_units: int
     _hoff: list[int]          # trace.hoffsets as Python ints (no numpy scalar per admission)
     _preemption: bool
+    _partial_loads: bool      # the store may fail a claimed chunk (kvtier.sim.ram_view)
 
     def _admit(self, q: SimRequest, tiers: dict[str, list[int]], load_arr: list[float], tier_keys: list[str]) -> float | None:
         """Look the prompt up, allocate KV blocks; the synchronous kvtier load time, or None
@@ -89,7 +90,14 @@ class Admission:
         if ext_units > gpu_hit:
             first_c, last_c = gpu_hit // cu, -(-ext_units // cu)       # chunks overlapping the claim
             ks, ws = keys[first_c:last_c], where[first_c:last_c]
-            load_t = store.read(ks, ws)
+            if self._partial_loads:
+                load_t, ws = store.load(ks, ws)     # kvtier.sim.ram_view: the tiers that served
+                if len(ws) < len(ks):               # a claimed chunk no tier holds: the rest is recomputed
+                    last_c = first_c + len(ws)
+                    ext_units = min(ext_units, last_c * cu)
+                    hit_n = ext_units if ext_units > gpu_hit else gpu_hit
+            else:
+                load_t = store.read(ks, ws)
             if first:
                 if cu == 1:                     # one unit per chunk: every claimed chunk is whole
                     per = [0] * len(tier_keys)

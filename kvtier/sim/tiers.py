@@ -143,6 +143,11 @@ class StoreModel:
                 total += op + n * per
         return total
 
+    def load(self, keys: list[int], where: list[int]) -> tuple[float, list[int]]:
+        """A claim's load: (time, the tier serving each chunk). Every claimed chunk loads here
+        (the scheduler sees the tiers as they are); ``kvtier.sim.ram_view`` overrides it."""
+        return self.read(keys, where), where
+
     def save(self, keys: list[int], start: int) -> None:
         """Write-through of chunks ``keys[start:]`` (``keys`` = the prompt's whole chain): per
         chunk, one ``put_evicting`` per tier, tier after tier (the store's order)."""
