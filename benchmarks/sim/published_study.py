@@ -255,21 +255,41 @@ def main() -> None:
 
 
 def sweep(out_dir: Path, rates: list[float]) -> None:
-    """Mean TTFT ratios against the load, near vLLM alone's saturation (base workload)."""
+    """Mean TTFT ratios against the load, up to and past vLLM alone's saturation (base workload).
+    Past it vLLM alone's queue grows for the whole run, so its mean TTFT (and every ratio to it)
+    grows with the run's length: the table says which rows are stable."""
+    t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as d:
         tr = companion(Path(d), SPEC)
+    print(f"workload: {tr.num_requests} requests ({time.perf_counter() - t0:.0f} s to build)", flush=True)
     res = []
+    print(SWEEP_HEAD, flush=True)
     for rate in rates:
         v = None
         for frac, bw in ((0.25, 1.0), (0.5, 1.0), (0.25, 4.0)):
-            s = Setting(f"rate {rate}, RAM {frac} of the working set" + (f", SSD read x {bw:g}" if bw != 1 else ""),
+            s = Setting(f"RAM {frac:g} of the working set" + (f", SSD read x {bw:g}" if bw != 1 else ""),
                         ram_fraction=frac, ssd_bw_scale=bw)
             r = trio(tr, s, rate, v)
             v = r["rows"]["vllm"]
             res.append(r)
-            print(line(r), flush=True)
+            print(sweep_line(r), flush=True)
             (out_dir / "sweep.json").write_text(json.dumps(res, indent=2, default=float))
-    (out_dir / "sweep.md").write_text("\n".join([HEAD] + [line(r) for r in res]) + "\n")
+    (out_dir / "sweep.md").write_text("\n".join([SWEEP_HEAD] + [sweep_line(r) for r in res]) + "\n")
+
+
+SWEEP_HEAD = ("| conv/s | setting | vLLM prefill util. | vLLM alone stable (steady TTFT first / last third, s) | "
+              "hit vLLM / RAM / RAM+SSD | TTFT vLLM / RAM / RAM+SSD (s) | RAM speedup | RAM+SSD speedup | "
+              "steady-window RAM / RAM+SSD speedup |\n|---|---|---|---|---|---|---|---|---|")
+
+
+def sweep_line(r: dict) -> str:
+    v, a, b = r["rows"]["vllm"], r["rows"]["ram"], r["rows"]["ram+ssd"]
+    return (f"| {r['rate']:.2f} | {r['variant']} | {v['prefill_utilisation']:.2f} | "
+            f"{'yes' if v['stable'] else 'no'} ({v['steady_ttft_first_third_s']:.2f} / "
+            f"{v['steady_ttft_last_third_s']:.2f}) | {v['token_hit_rate']:.1%} / {a['token_hit_rate']:.1%} / "
+            f"{b['token_hit_rate']:.1%} | {v['ttft_mean_s']:.2f} / {a['ttft_mean_s']:.2f} / {b['ttft_mean_s']:.2f} | "
+            f"**{r['ram_speedup']:.2f}x** | **{r['ram_ssd_speedup']:.2f}x** | "
+            f"{r['steady_ram_speedup']:.2f}x / {r['steady_ram_ssd_speedup']:.2f}x |")
 
 
 def render(res: dict) -> str:

@@ -49,6 +49,7 @@ class Admission:
     chunk_units: int
     _hoff: list[int]          # trace.hoffsets as Python ints (no numpy scalar per admission)
     _preemption: bool
+    _partial_loads: bool      # the store may fail a claimed chunk (kvtier.sim.ram_view)
 
     def _admit(self, q: SimRequest, tiers: dict[str, list[int]], load_arr: list[float], tier_keys: list[str]) -> float | None:
         """Look the prompt up, allocate KV blocks; the synchronous kvtier load time, or None
@@ -60,11 +61,11 @@ class Admission:
         units = tr.hashes[ho[r]:ho[r + 1]].tolist()
         max_hit = min(len(units), (plen - 1) // U)
         cache = self.cache
-        gpu_hit = cache.match(units, max_hit)
+        gpu_hit, hit_free = cache.match_free(units, max_hit)
         total_units = -(-plen // U) if self._preemption else -(-(q.prompt + q.out) // U)
-        gpu_units = units[:gpu_hit]
-        if not cache.can_allocate(gpu_units, total_units):
+        if not cache.fits(gpu_hit, hit_free, total_units):
             return None                 # (before the store lookup, which is pure: a blocked head retries)
+        gpu_units = units[:gpu_hit]
         ext_units, where, keys = 0, [], units
         store = self.store
         if store is not None:
@@ -89,7 +90,14 @@ class Admission:
         if ext_units > gpu_hit:
             first_c, last_c = gpu_hit // cu, -(-ext_units // cu)       # chunks overlapping the claim
             ks, ws = keys[first_c:last_c], where[first_c:last_c]
-            load_t = store.read(ks, ws)
+            if self._partial_loads:
+                load_t, ws = store.load(ks, ws)     # kvtier.sim.ram_view: the tiers that served
+                if len(ws) < len(ks):               # a claimed chunk no tier holds: the rest is recomputed
+                    last_c = first_c + len(ws)
+                    ext_units = min(ext_units, last_c * cu)
+                    hit_n = ext_units if ext_units > gpu_hit else gpu_hit
+            else:
+                load_t = store.read(ks, ws)
             if first:
                 if cu == 1:                     # one unit per chunk: every claimed chunk is whole
                     per = [0] * len(tier_keys)
@@ -121,5 +129,5 @@ class Admission:
         self._commit(q, len(units))
         if self.store is not None and self.profile.save:
             cu = self.chunk_units
-            self.store.save(units[cu - 1::cu], q.stored)     # never re-save what the store held
+            self.store.save(units if cu == 1 else units[cu - 1::cu], q.stored)   # never re-save what the store held
         q.units = []

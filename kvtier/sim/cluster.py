@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvtier.sim.load import LoadSpec
+from kvtier.sim.nogc import gc_paused
 from kvtier.sim.profile import SimProfile
 from kvtier.sim.scheduler import EngineSim
 from kvtier.sim.tiers import TierModel
@@ -56,12 +57,13 @@ def simulate_cluster(trace: SimTrace, profile: SimProfile, load: LoadSpec, machi
             e.store.tiers.append(shared)
     gens = [e.steps() for e in engines]
     heap = [(0.0, i) for i in range(machines)]
-    while heap:
-        _, i = heapq.heappop(heap)
-        try:
-            heapq.heappush(heap, (next(gens[i]), i))
-        except StopIteration:
-            pass
+    with gc_paused():
+        while heap:
+            _, i = heapq.heappop(heap)
+            try:
+                heapq.heappush(heap, (next(gens[i]), i))
+            except StopIteration:
+                pass
     ok = np.concatenate([e.result.ok for e in engines])
     prompt = np.concatenate([e.trace.prompt_tokens for e in engines])[ok]
     ttft = np.concatenate([e.result.ttft_s for e in engines])[ok]

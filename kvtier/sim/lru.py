@@ -128,12 +128,21 @@ class LeanLRU:
                     if c == 1:
                         del kids[vp]
                         pe = ent.get(vp)
-                        if pe is not None:               # the parent is a leaf again: side heap
-                            old[vp] = pe[1]
-                            heapq.heappush(heap, (pe[1], vp))
-                            if len(heap) > 4 * len(old) + 64:
-                                self._heap = heap = [(t, k) for k, t in old.items()]
-                                heapq.heapify(heap)
+                        if pe is not None:               # the parent is a leaf again
+                            t = pe[1]
+                            f = next(iter(order), None)
+                            if f is None or t < order[f]:
+                                # older than every leaf in time order (the usual case: a
+                                # chain's tail was the victim, its parent was used before
+                                # it): the front of the order keeps it sorted
+                                order[vp] = t
+                                order.move_to_end(vp, last=False)
+                            else:                        # otherwise the side heap
+                                old[vp] = t
+                                heapq.heappush(heap, (t, vp))
+                                if len(heap) > 4 * len(old) + 64:
+                                    self._heap = heap = [(t, k) for k, t in old.items()]
+                                    heapq.heapify(heap)
                     else:
                         kids[vp] = c - 1
             n += 1

@@ -37,22 +37,34 @@ class PrefixCacheModel:
 
     def match(self, units: list[int], limit: int | None = None) -> int:
         """Leading units present (held or free-cached), among the first ``limit`` (all if None)."""
+        return self.match_free(units, len(units) if limit is None else limit)[0]
+
+    def match_free(self, units: list[int], limit: int) -> tuple[int, int]:
+        """``(match(units, limit), how many of those leading units are free-cached)``: the
+        second is what ``fits`` needs (one pass over the units instead of two)."""
         if not self.enabled:
-            return 0
-        n = 0
+            return 0, 0
+        n = nf = 0
         held, free = self._held, self._free
-        stop = len(units) if limit is None else min(limit, len(units))
+        stop = min(limit, len(units))
         while n < stop:
             h = units[n]
-            if h in held or h in free:
+            if h in held:
                 n += 1
+            elif h in free:
+                n += 1
+                nf += 1
             else:
                 break
-        return n
+        return n, nf
 
     def can_allocate(self, hit: list[int], total_units: int) -> bool:
-        reuse_free = sum(map(self._free.__contains__, hit))
-        return self.empty + len(self._free) - reuse_free >= total_units - len(hit)
+        return self.fits(len(hit), sum(map(self._free.__contains__, hit)), total_units)
+
+    def fits(self, hit: int, hit_free: int, total_units: int) -> bool:
+        """Room to hold ``hit`` matched units (``hit_free`` of them free-cached) and allocate
+        ``total_units - hit`` fresh ones."""
+        return (self.capacity - self.private - len(self._held) - hit_free) >= total_units - hit
 
     def acquire(self, hit: list[int], total_units: int) -> None:
         """Hold the hit units and allocate ``total_units - len(hit)`` fresh ones (call
@@ -65,10 +77,12 @@ class PrefixCacheModel:
                 del free[h]
                 held[h] = 1
         need = total_units - len(hit)
-        take_empty = min(need, self.empty)
-        for _ in range(need - take_empty):
-            free.popitem(last=False)
-            self.evictions += 1
+        evict = need - (self.capacity - self.private - len(held) - len(free))   # need - empty
+        if evict > 0:
+            pop = free.popitem
+            for _ in range(evict):
+                pop(last=False)
+            self.evictions += evict
         self.private += need
 
     def grow(self, n: int = 1) -> bool:

@@ -66,6 +66,10 @@ class SimProfile(_M):
     eviction: Literal["lru", "cost"] = "lru"
     promote_min_hits: int = Field(default=2, ge=1, description="SSD/shared hits before a chunk is copied to RAM")
     save: bool = Field(default=True, description="kvtier saves newly computed chunks (off: no kvtier)")
+    ram_view: Literal["exact", "stored_keys"] = Field(
+        default="exact", description="what vLLM's scheduler knows of the worker's RAM tier: exact (kvtier since "
+        "2026-12-01: stored, promoted and evicted keys reported) or stored_keys (the connector of 2026-11-30: "
+        "the last RAM-capacity keys reported stored; kvtier.sim.ram_view)")
     engine: EngineProfile = EngineProfile()
     ram: TierProfile = TierProfile()
     ssd: TierProfile = TierProfile(read_bw=3e9, write_bw=2e9, op_latency_s=1e-4)

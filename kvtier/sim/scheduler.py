@@ -39,8 +39,10 @@ import numpy as np
 from kvtier.sim.admission import Admission, SimRequest as _Req
 from kvtier.sim.costs import StepCost
 from kvtier.sim.load import LoadSpec, conversation_starts
+from kvtier.sim.nogc import gc_paused
 from kvtier.sim.prefix_cache import PrefixCacheModel
 from kvtier.sim.profile import SimProfile
+from kvtier.sim.ram_view import StoredKeysStore
 from kvtier.sim.tiers import TIER_NAMES, StoreModel
 from kvtier.sim.trace import SimTrace
 
@@ -80,11 +82,15 @@ class EngineSim(Admission):
                                       chunk_tokens * profile.kv_bytes_per_token, chunk_tokens, profile.eviction,
                                       profile.promote_min_hits)
                       if profile.kvtier_enabled() else None)
+        if self.store is not None and profile.ram_view == "stored_keys" and self.store.tiers[0].name == "ram":
+            self.store = StoredKeysStore.over(self.store)
+        self._partial_loads = isinstance(self.store, StoredKeysStore)   # a claimed chunk may fail to load
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
-        """The whole simulation."""
-        for _ in self.steps(progress):
-            pass
+        """The whole simulation (the cyclic GC paused meanwhile: ``kvtier.sim.nogc``)."""
+        with gc_paused():
+            for _ in self.steps(progress):
+                pass
         return self.result
 
     def steps(self, progress: Callable[[int], None] | None = None) -> Iterator[float]:

@@ -143,6 +143,11 @@ class StoreModel:
                 total += op + n * per
         return total
 
+    def load(self, keys: list[int], where: list[int]) -> tuple[float, list[int]]:
+        """A claim's load: (time, the tier serving each chunk). Every claimed chunk loads here
+        (the scheduler sees the tiers as they are); ``kvtier.sim.ram_view`` overrides it."""
+        return self.read(keys, where), where
+
     def save(self, keys: list[int], start: int) -> None:
         """Write-through of chunks ``keys[start:]`` (``keys`` = the prompt's whole chain): per
         chunk, one ``put_evicting`` per tier, tier after tier (the store's order)."""
@@ -170,6 +175,20 @@ class StoreModel:
                 if not ok:
                     break                      # the rest would be orphans
                 parent = key
+        elif len(live) == 2:                   # the same, RAM + SSD unrolled
+            (i0, put0, size0, tok0, cap0, keep0), (i1, put1, size1, tok1, cap1, keep1) = live
+            e0 = e1 = 0
+            for j in range(start, len(keys)):
+                key = keys[j]
+                cell[0] = parent
+                ok0, n0 = put0(key, parent, size0, tok0, cap0, keep0)
+                ok1, n1 = put1(key, parent, size1, tok1, cap1, keep1)
+                e0 += n0
+                e1 += n1
+                if not (ok0 or ok1):
+                    break                      # the rest would be orphans
+                parent = key
+            ev[i0], ev[i1] = e0, e1
         else:
             for j in range(start, len(keys)):
                 key = keys[j]
@@ -185,7 +204,8 @@ class StoreModel:
                     break                      # the rest would be orphans
                 parent = key
         for t, n in zip(self.tiers, ev):
-            t.evictions += n
+            if n:
+                t.evictions += n
 
     def _guards(self) -> list:
         """Per tier, the store's eviction guard for the chunk being put (its parent in

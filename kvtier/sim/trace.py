@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.sim.hashing import prefix_hashes
+from kvtier.sim.nogc import gc_paused
 from kvtier.workload.format import WorkloadError, load_workload
 from kvtier.workload.stats import iter_request_prompts
 from kvtier.workload.tokens import ApproxTokenizer, TokenCounter
@@ -187,11 +188,12 @@ def load_mooncake_raw(path: Path, *, block: int = 512, scale: int = 1, time_scal
     if block < 1 or scale < 1 or block // scale < 1:
         raise WorkloadError("mooncake block size and scale must be >= 1 with block // scale >= 1")
     unit = block // scale
-    fast = _mooncake_columns(path, scale, unit, max_requests)
-    if fast is not None:
-        ts, ins, outs, values, hoff = fast
-    else:
-        ts, ins, outs, values, hoff = _mooncake_columns_checked(path, scale, unit, max_requests)
+    with gc_paused():                      # a record and a list per line: kvtier.sim.nogc
+        fast = _mooncake_columns(path, scale, unit, max_requests)
+        if fast is not None:
+            ts, ins, outs, values, hoff = fast
+        else:
+            ts, ins, outs, values, hoff = _mooncake_columns_checked(path, scale, unit, max_requests)
     n = len(ts)
     hashes, _ = prefix_hashes(values, hoff, 1)
     arr = np.asarray(ts, dtype=np.float64) / 1000.0 * time_scale

@@ -49,3 +49,29 @@ def test_parent_becomes_a_victim_after_its_last_child() -> None:
     assert p.pick() == 3                      # the chain tail (1 and 2 have children)
     assert p.put_evicting(10, None, 1, 1, 4) == (True, 1) and 3 not in p
     assert p.pick() == 2                      # 2 is a leaf again, older than 9 and 10
+
+
+def test_a_parent_touched_after_other_leaves_is_not_evicted_before_them() -> None:
+    """A parent that becomes a leaf again keeps its own time: when it was read after another
+    leaf was written, that leaf goes first (LeanLRU puts a re-leafed parent at the front of its
+    order only when it is older than every leaf there)."""
+    for p in (LeanLRU(), EvictionPolicy("lru")):
+        for k, parent in ((1, None), (2, 1), (5, None)):
+            p.put_evicting(k, parent, 1, 1, 10)
+        p.touch(1)                                 # 1 (not a leaf) is now the newest
+        assert p.put_evicting(6, None, 1, 1, 3) == (True, 1) and 2 not in p   # 2 was the oldest leaf
+        assert p.pick() == 5                       # then 5, older than the re-leafed 1
+        assert p.put_evicting(7, None, 1, 1, 3) == (True, 1) and 5 not in p
+        assert p.pick() == 1
+
+
+def test_a_re_leafed_parent_older_than_every_leaf_goes_first() -> None:
+    p = LeanLRU()
+    for k, parent in ((1, None), (2, 1), (3, 2), (5, None)):
+        p.put_evicting(k, parent, 1, 1, 10)
+    p.touch(2)
+    p.touch(3)                                     # chain read in order: 1 < 5 < 2 < 3 by time
+    assert p.put_evicting(6, None, 1, 1, 4) == (True, 1) and 5 not in p
+    assert p.put_evicting(7, None, 1, 1, 4) == (True, 1) and 3 not in p
+    assert p.pick() == 2 and p.put_evicting(8, None, 1, 1, 4) == (True, 1)
+    assert p.pick() == 1                           # 1 re-leafed, older than 6, 7, 8
