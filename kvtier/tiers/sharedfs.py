@@ -30,7 +30,7 @@ from kvtier.config import SharedFsConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
 from kvtier.tiers import sharedfs_io as sio
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view, copy_bytes
+from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view, copy_bytes
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.sharedfs_janitor import Janitor
@@ -42,7 +42,7 @@ COPY_MARGIN_S = 0.05    # batched calls give up this much before their deadline 
 BAD_GRACE_S = 10.0      # a file failing verification is removed once renamed into place this long ago
 
 
-class SharedFsTier(Tier):
+class SharedFsTier(RemoteTier):
     name = TIER
     capabilities = Capabilities(shared=True, evicts_itself=True, complete_index=False, local_budget=False)
 
@@ -370,14 +370,7 @@ class SharedFsTier(Tier):
         """The janitor's last count (any process's janitor; published on the mount)."""
         return TierUsage(self._used, self.cfg.capacity, self._files)
 
-    # -- per-key calls, on top of the batched ones ---------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
-
-    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
-        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
-        return r.meta if r.ok else None
-
+    # -- per-key calls the batched ones do not cover (contains, get_into, index calls: RemoteTier) --
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         try:
             size = os.stat(self.layout.path_of(key)).st_size if self.state != DOWN else -1
@@ -416,17 +409,8 @@ class SharedFsTier(Tier):
         except OSError:
             return False
 
-    def keys(self) -> list[ChunkKey]:
-        return []           # no index: the mount is the truth
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return []
-
     def holds(self, key: ChunkKey) -> bool:
-        return key in self.stamps       # seen on the mount recently by this process
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return False
+        return key in self.stamps       # seen on the mount recently by this process (no index: the mount is the truth)
 
     def close(self) -> None:
         """Finish queued writes (up to io_timeout_s), stop threads, give up the lease. Never hangs
