@@ -19,8 +19,8 @@ Model (side-effect free; the calibration's ``PrefillProfile`` p(n) = a + b n + c
 
 ``fit_slo_size`` shrinks, in this order and only as far as needed, the fixed point's users (not
 below ``MIN_FIXED_USERS``), the warm-up questions (not below 1) and the requests per user (not below
-2: the steady-state window still holds N in flight for most of a point) until the estimate fits the
-target; what it changed is printed and in ``--json``. The estimate is checked against the measured
+3, ``MIN_STEADY_ROUNDS``: opening burst, a measured round, drain; with 2 the window of users in
+lockstep is empty) until the estimate fits the target; what it changed is printed and in ``--json``. The estimate is checked against the measured
 vanilla half of that cut-off run in tests/unit/test_demo_slo_sizing.py.
 """
 
@@ -32,7 +32,9 @@ from typing import Any
 from kvtier.demo.calibrate import PrefillProfile
 
 MIN_FIXED_USERS = 8
-MIN_REQUESTS_PER_USER = 2
+# Never fewer requests per user than a steady-state window needs (kvtier.bench.slo.MIN_STEADY_ROUNDS:
+# with 2, a point of users in lockstep has an empty window and no measurement).
+MIN_REQUESTS_PER_USER = 3
 # Wall time / the model's, measured: the cut-off 2026-12-01 run's vanilla phases took 1.38x, 1.35x and
 # 1.31x the model at 282 / 564 / 1128 tokens (the model counts cold prefill only: each request's 4
 # decode steps and the API server's and client's share of the 2 vCPUs are not in the calibration).
