@@ -67,23 +67,36 @@ class Telemetry:
     #: the events in between are counted (always) and logged at debug level
     LOG_BURST_S = 30.0
 
-    def event(self, kind: str, tier: str = "", detail: str = "") -> None:
-        EVENTS.labels(kind).inc()
-        self._add(f"events.{kind}")
+    def event(self, kind: str, tier: str = "", detail: str = "", n: int = 1) -> bool:
+        """Count ``n`` occurrences of ``kind`` (always) and log them: a data fault as a warning once
+        per (kind, tier) burst, the repeats inside the burst at debug level and summarised in the
+        next warning. True when this call logged the warning (the first of a burst)."""
+        EVENTS.labels(kind).inc(n)
+        self._add(f"events.{kind}", n)
         level = logging.DEBUG if kind in self._QUIET else logging.WARNING
         if level == logging.WARNING:
             now, burst = time.monotonic(), (kind, tier)
             with self._lock:
                 last = self._logged.get(burst)
                 if last is not None and now - last[0] < self.LOG_BURST_S:
-                    self._logged[burst] = (last[0], last[1] + 1)
+                    self._logged[burst] = (last[0], last[1] + n)
                     level = logging.DEBUG
                 else:
                     held = last[1] if last is not None else 0
-                    self._logged[burst] = (now, 0)
+                    self._logged[burst] = (now, n - 1)
             if level == logging.WARNING and held:
                 detail = f"{detail} (+{held} more since the last warning)"
         log.log(level, "kvtier %s event on %s tier: %s", kind, tier or "store", detail)
+        return level == logging.WARNING
+
+    def burst_over(self, kind: str, tier: str) -> bool:
+        """End the current burst of (kind, tier): its next occurrence logs again. True if one was open."""
+        with self._lock:
+            last = self._logged.get((kind, tier))
+            if last is None or last[0] == float("-inf"):
+                return False
+            self._logged[(kind, tier)] = (float("-inf"), last[1])   # the held-back count still goes in the next line
+            return True
 
     def hit(self, tier: str, nbytes: int, seconds: float) -> None:
         STORE_HITS.labels(tier).inc()

@@ -33,6 +33,13 @@ from kvtier.bench.replay import ReplayError, ReplayOptions, replay_conversations
 from kvtier.workload.format import Conversation
 
 
+#: requests per user a steady-state point needs: with 2, users in lockstep (equal documents) send
+#: their second requests in one burst right after the first, so no request ends before the last one
+#: is issued and the window is empty (the 2026-12-01 session-6 SLO run: 0 window requests at 6 and 8
+#: users, points that then "failed" without a measurement)
+MIN_STEADY_ROUNDS = 3
+
+
 @dataclass(frozen=True)
 class SloOptions:
     slo_s: float = 2.0
@@ -52,6 +59,9 @@ class SloOptions:
             raise ReplayError("closed-loop SLO search needs whole numbers of users")
         if not self.statistic.endswith("_s"):
             raise ReplayError(f"SLO statistic must be a latency key like ttft_p90_s, got {self.statistic!r}")
+        if self.steady_state and mode == "closed" and self.min_requests_per_user < MIN_STEADY_ROUNDS:
+            raise ReplayError(f"a steady-state SLO point needs at least {MIN_STEADY_ROUNDS} requests per user "
+                              f"(opening burst, measured round, drain), got {self.min_requests_per_user}")
 
 
 @dataclass

@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvtier.bytecode import BytecodeStatus, bytecode_status
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
 from kvtier.compute import CpuFacts, DtypeChoice, cpu_facts
 from kvtier.prefill import PrefillError, PrefillPoint, ProbeResult, probe
@@ -62,6 +63,21 @@ def compute_rows(facts: CpuFacts, choice: DtypeChoice) -> tuple[list[tuple[str, 
         warnings.append(f"dtype {choice.dtype} ({choice.source}) is emulated on this {facts.capability} CPU: "
                         f"expect it to be many times slower than float32 (use --dtype auto)")
     return rows, warnings
+
+
+def bytecode_row(st: BytecodeStatus) -> tuple[str, str, str | None]:
+    """(label, value, warning) for the byte-compiled state of torch/vllm/transformers; side-effect free."""
+    if not st.checked:
+        return "bytecode", "torch / vllm / transformers not found", None
+    if not st.stale:
+        return "bytecode", f"compiled ({len(st.checked)} heavy modules checked)", None
+    names = ", ".join(n for n, _ in st.stale)
+    if st.writes_bytecode:
+        return "bytecode", f"not compiled yet ({names}); cached on first import", None
+    return ("bytecode", f"[yellow]not compiled ({names}) and PYTHONDONTWRITEBYTECODE is set[/]",
+            "every vLLM process (three per server) compiles torch/vllm/transformers again (about twice the "
+            "start time); run `make setup` (it byte-compiles the environment) or "
+            "`python -m compileall -q -j 0 <site-packages>`")
 
 
 def prefill_row(choice: DtypeChoice, points: list[PrefillPoint]) -> tuple[str, str]:
@@ -114,6 +130,9 @@ def run_doctor(load: bool, choice: DtypeChoice, facts: CpuFacts, measure: Measur
     rows, warnings = compute_rows(facts, choice)
     for label, value in rows:
         table.add_row(label, value)
+    label, value, warning = bytecode_row(bytecode_status())
+    table.add_row(label, value)
+    warnings += [warning] if warning else []
     status = model_status(default_model_path())
     table.add_row("model path", str(status.path))
     if not status.ready:

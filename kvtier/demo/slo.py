@@ -28,7 +28,7 @@ from rich.table import Table
 
 from kvtier.demo.calibrate import Calibration, PrefillProfile, obtain_calibration
 from kvtier.demo.common import DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, console, fmt_s, ratio, write_json
-from kvtier.demo.slo_sizing import fit_slo_size
+from kvtier.demo.slo_sizing import documents_for, fit_slo_size, point_requests
 
 
 @dataclass(frozen=True)
@@ -91,14 +91,6 @@ def choose_slo(profile: PrefillProfile, size: SloDemoSize, model_max_tokens: int
         raise DemoError(f"the model's context ({model_max_tokens} tokens) leaves no room for {size.lengths} "
                         f"document lengths from {first} tokens")
     return SloChoice(slo_s=slo, doc_tokens=lengths, published=published, cold_ttft_s=cold, reason=reason)
-
-
-def documents_for(size: SloDemoSize, doc_tokens: int) -> int:
-    return max(2, round(size.doc_set_tokens / doc_tokens))
-
-
-def point_requests(size: SloDemoSize, users: int) -> int:
-    return max(size.min_requests, size.min_requests_per_user * users)
 
 
 def measured_prompts(convs: Sequence[Any], needed: int) -> list[Any]:
@@ -194,7 +186,7 @@ def run(size: SloDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions, *,
                     res = run_slo(measured, server.base_url, base, slo, run_dir / f"slo-{n}", on_point=lambda p, n=n, name=s.name:
                                   console.print(f"[dim]\\[{name}] {n} tokens, {int(p.load)} users: p90 TTFT "
                                                 f"{fmt_s(p.value)} s (repeats {_spread(p.spread)}, in flight "
-                                                f"{fmt_s(p.in_flight)}) {'ok' if p.passed else 'over SLO'}[/]"))
+                                                f"{fmt_s(p.in_flight)}) {_verdict(p)}[/]"))
                     # the fixed point has its own prompts (none sent during the search)
                     fixed_eval = replay_evaluator(fixed_convs, server.base_url, base, replace(
                         slo, requests_per_point=point_requests(size, size.fixed_users)), run_dir / f"fixed-{n}")
@@ -224,6 +216,12 @@ def _spread(sp: tuple[float, float] | None) -> str:
     return "-" if not sp else f"{sp[0]:.2f}-{sp[1]:.2f} s"
 
 
+def _verdict(p: Any) -> str:
+    if p.value is None and not p.failed_requests:
+        return "[red]no measurement (empty steady-state window)[/]"
+    return "ok" if p.passed else "over SLO"
+
+
 def _length_result(res: Any, fixed: list[dict[str, Any]]) -> dict[str, Any]:
     vals = [f.get("ttft_p90_s") for f in fixed]
     known = [v for v in vals if v is not None]
@@ -232,7 +230,10 @@ def _length_result(res: Any, fixed: list[dict[str, Any]]) -> dict[str, Any]:
             "fixed_p90_values": vals, "fixed_p90_spread": (min(known), max(known)) if known else None,
             "fixed_in_flight": statistics.fmean([f["in_flight_mean"] for f in fixed
                                                  if f.get("in_flight_mean") is not None] or [0.0]),
-            "fixed_hit_rate": statistics.fmean([f.get("token_hit_rate") or 0.0 for f in fixed]),
+            # None (printed "-") when no repeat measured one: never a 0% that is not a measurement
+            "fixed_hit_rate": (statistics.fmean(rates) if (rates := [f["token_hit_rate"] for f in fixed
+                                                                     if f.get("token_hit_rate") is not None])
+                               else None),
             "fixed_failed": sum(f.get("requests_failed", 0) for f in fixed)}
 
 
@@ -262,7 +263,8 @@ def _print_table(rows: list[dict[str, Any]], choice: SloChoice, size: SloDemoSiz
                   f"{fmt_s(v['fixed_p90_s'])} ({_spread(v['fixed_p90_spread'])})",
                   f"{fmt_s(k['fixed_p90_s'])} ({_spread(k['fixed_p90_spread'])})",
                   "-" if r["p90_ratio"] is None else f"{r['p90_ratio']:.1f}x",
-                  f"{v['fixed_in_flight']:.1f}/{k['fixed_in_flight']:.1f}", f"{k['fixed_hit_rate']:.1%}")
+                  f"{v['fixed_in_flight']:.1f}/{k['fixed_in_flight']:.1f}",
+                  "-" if k["fixed_hit_rate"] is None else f"{k['fixed_hit_rate']:.1%}")
     console.print(t)
 
 

@@ -19,8 +19,8 @@ Model (side-effect free; the calibration's ``PrefillProfile`` p(n) = a + b n + c
 
 ``fit_slo_size`` shrinks, in this order and only as far as needed, the fixed point's users (not
 below ``MIN_FIXED_USERS``), the warm-up questions (not below 1) and the requests per user (not below
-2: the steady-state window still holds N in flight for most of a point) until the estimate fits the
-target; what it changed is printed and in ``--json``. The estimate is checked against the measured
+3, ``MIN_STEADY_ROUNDS``: opening burst, a measured round, drain; with 2 the window of users in
+lockstep is empty) until the estimate fits the target; what it changed is printed and in ``--json``. The estimate is checked against the measured
 vanilla half of that cut-off run in tests/unit/test_demo_slo_sizing.py.
 """
 
@@ -32,7 +32,9 @@ from typing import Any
 from kvtier.demo.calibrate import PrefillProfile
 
 MIN_FIXED_USERS = 8
-MIN_REQUESTS_PER_USER = 2
+# Never fewer requests per user than a steady-state window needs (kvtier.bench.slo.MIN_STEADY_ROUNDS:
+# with 2, a point of users in lockstep has an empty window and no measurement).
+MIN_REQUESTS_PER_USER = 3
 # Wall time / the model's, measured: the cut-off 2026-12-01 run's vanilla phases took 1.38x, 1.35x and
 # 1.31x the model at 282 / 564 / 1128 tokens (the model counts cold prefill only: each request's 4
 # decode steps and the API server's and client's share of the 2 vCPUs are not in the calibration).
@@ -72,6 +74,16 @@ def service_s(profile: PrefillProfile, size: Any, doc_tokens: int, config: str, 
     return profile.seconds(over + chunk_tokens / 2)
 
 
+def documents_for(size: Any, doc_tokens: int) -> int:
+    """Documents per length: the same document-set tokens at every length, at least 2."""
+    return max(2, round(size.doc_set_tokens / doc_tokens))
+
+
+def point_requests(size: Any, users: int) -> int:
+    """Measured requests at one concurrency point: enough for every user to send several."""
+    return max(size.min_requests, size.min_requests_per_user * users)
+
+
 def point_seconds(profile: PrefillProfile, service: float, users: int, requests: int) -> tuple[float, float]:
     """(predicted p90 TTFT, wall seconds) of ``requests`` requests at ``users`` closed-loop users."""
     a = min(max(profile.a, 0.0), service)
@@ -83,7 +95,6 @@ def estimate_slo_run(size: Any, doc_tokens: tuple[int, ...], slo_s: float, profi
                      startup_s: float, chunk_tokens: int) -> SloEstimate:
     """Wall time of the whole demo for ``size`` on the machine ``profile`` describes (side-effect free)."""
     from kvtier.bench.slo import SloOptions, search
-    from kvtier.demo.slo import documents_for, point_requests
 
     opts = SloOptions(slo_s=slo_s, statistic="ttft_p90_s", start=1, max_load=size.max_users, repeats=1,
                       requests_per_point=size.min_requests, steady_state=True,

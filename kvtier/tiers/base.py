@@ -273,9 +273,10 @@ class WrappingTier(Tier):
 
 
 class RemoteTier(Tier):
-    """A shared backend (Valkey, Mooncake) with no local index: the server is the index, so the
-    index-only calls know nothing, and the per-key calls ride on the batched ones with the config's
-    deadlines (``lookup_timeout_s`` for existence, ``io_timeout_s`` for reads and writes)."""
+    """A shared backend (shared filesystem, Valkey, Mooncake) with no local index: the mount or the
+    server is the index, so the index-only calls know nothing, and the per-key calls ride on the
+    batched ones with the config's deadlines (``lookup_timeout_s`` for existence, ``io_timeout_s``
+    for reads and writes)."""
 
     cfg: "SharedTierBase"
 

@@ -1,44 +1,56 @@
-"""Count-and-log a backend fault once per burst, not once per chunk or per call.
+"""A backend's faults: counted every time, logged once per burst.
 
-A dead server fails every call until it is back; a shared tier reports the first failure of each
-kind as a ``Telemetry.event`` (counted + one log line), stays quiet while the same fault repeats,
-and reports again after ``quiet_s`` or after the backend answered in between. ``suppressed``
-counts what was held back (for tests and stats). Thread-safe; side-effect free until called.
+A dead server fails every call until it is back. Every failure is counted (``kvtier_events_total``
+and the store's ``stats()``, through ``Telemetry.event``); the first of each kind in a burst logs a
+warning, the repeats only count and are summarised in the next warning. A burst ends after
+``Telemetry.LOG_BURST_S`` of quiet, or when the backend answered in between (``ok``, ``resumed``),
+so the next fault after a recovery logs again at once. ``suppressed`` counts the occurrences that
+did not log (for tests and stats). Thread-safe; side-effect free until called.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
-import time
 from collections import Counter
 
 from kvtier.metrics import Telemetry
 
+log = logging.getLogger("kvtier")
+
 
 class Bursts:
-    def __init__(self, telemetry: Telemetry, tier: str, quiet_s: float = 30.0) -> None:
+    def __init__(self, telemetry: Telemetry, tier: str) -> None:
         self._tm = telemetry
         self._tier = tier
-        self._quiet_s = quiet_s
         self._lock = threading.Lock()
-        self._last: dict[str, float] = {}
         self.suppressed: Counter[str] = Counter()
+        self._open: set[str] = set()     # kinds whose burst this tier opened (ok()'s fast path)
 
-    def fault(self, kind: str, detail: str) -> None:
-        """Report ``kind`` unless the same fault was reported within the current burst."""
-        now = time.monotonic()
+    def fault(self, kind: str, detail: str, n: int = 1) -> None:
+        """Count ``n`` occurrences of ``kind``; log unless a burst of the same fault is open."""
+        logged = self._tm.event(kind, self._tier, detail, n)
         with self._lock:
-            last = self._last.get(kind)
-            if last is not None and now - last < self._quiet_s:
-                self.suppressed[kind] += 1
-                return
-            self._last[kind] = now
-        self._tm.event(kind, self._tier, detail)
+            if logged:
+                self._open.add(kind)
+            held = n - 1 if logged else n
+            if held:
+                self.suppressed[kind] += held
 
     def ok(self, kinds: tuple[str, ...] = ("down", "timeout")) -> None:
         """The backend answered: the next connectivity fault starts a new burst (data faults such as
-        ``full`` keep their quiet period: a full server rejects writes while it serves reads)."""
-        if self._last:
-            with self._lock:
-                for kind in kinds:
-                    self._last.pop(kind, None)
+        ``full`` keep their burst: a full server rejects writes while it serves reads)."""
+        if not self._open:      # the common case: nothing to end, no lock taken
+            return
+        for kind in kinds:
+            self._end(kind)
+
+    def resumed(self, kind: str, detail: str) -> None:
+        """The condition ``kind`` ended: log it (info) if it had been reported; the next one logs again."""
+        if self._end(kind):
+            log.info("kvtier %s tier: %s", self._tier, detail)
+
+    def _end(self, kind: str) -> bool:
+        with self._lock:
+            self._open.discard(kind)
+        return self._tm.burst_over(kind, self._tier)

@@ -30,10 +30,11 @@ from kvtier.config import SharedFsConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
 from kvtier.tiers import sharedfs_io as sio
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view, copy_bytes
+from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view, copy_bytes
+from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 from kvtier.tiers.sharedfs_janitor import Janitor
-from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, BurstEvents, Layout, Stamps
+from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, Layout, Stamps
 from kvtier.tiers.sharedfs_writer import WriteQueue
 
 OK, READ_ONLY, DOWN = "ok", "read_only", "down"
@@ -41,7 +42,7 @@ COPY_MARGIN_S = 0.05    # batched calls give up this much before their deadline 
 BAD_GRACE_S = 10.0      # a file failing verification is removed once renamed into place this long ago
 
 
-class SharedFsTier(Tier):
+class SharedFsTier(RemoteTier):
     name = TIER
     capabilities = Capabilities(shared=True, evicts_itself=True, complete_index=False, local_budget=False)
 
@@ -52,7 +53,7 @@ class SharedFsTier(Tier):
         self.layout = Layout(cfg.path, namespace, cfg.dir_levels)
         self._ns = namespace.digest()
         self._tm = telemetry
-        self.events = BurstEvents(telemetry)
+        self.events = Bursts(telemetry, TIER)
         self.stamps = Stamps()
         self.state = DOWN
         self._stats = sio.DaemonPool(cfg.lookup_threads, "kvtier-sharedfs-stat")
@@ -96,9 +97,9 @@ class SharedFsTier(Tier):
             self.events.resumed("shared_down", "shared filesystem answers again")
             self.events.resumed("read_only", "shared filesystem is writable again")
         elif new == DOWN:
-            self.events("shared_down", f"{self.layout.base}: {detail}")
+            self.events.fault("shared_down", f"{self.layout.base}: {detail}")
         elif new == READ_ONLY:
-            self.events("read_only", f"{self.layout.base}: {detail}; reads only")
+            self.events.fault("read_only", f"{self.layout.base}: {detail}; reads only")
         self.state = new
         return new
 
@@ -106,9 +107,9 @@ class SharedFsTier(Tier):
         """Classify an OSError: a down mount (UNAVAILABLE) or a per-chunk fault (MISS)."""
         if e.errno in DOWN_ERRNOS:
             self.state = DOWN
-            self.events("shared_down", f"{what}: {e}")
+            self.events.fault("shared_down", f"{what}: {e}")
             return Status.UNAVAILABLE
-        self.events("io_error", f"{what}: {e}")
+        self.events.fault("io_error", f"{what}: {e}")
         return Status.MISS
 
     def _maintain(self) -> None:
@@ -197,7 +198,7 @@ class SharedFsTier(Tier):
         if b.filled[found] and b.values[found] is False:
             return PrefixResult(found, Status.MISS)
         if not b.filled[found]:
-            self.events("timeout", f"lookup of {n} chunks not answered in time")
+            self.events.fault("timeout", f"lookup of {n} chunks not answered in time")
         return PrefixResult(found, Status.UNAVAILABLE)
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
@@ -220,14 +221,14 @@ class SharedFsTier(Tier):
                 meta, payload, mtimes[i] = sio.read_chunk(self.layout.path_of(key), len(views[i]), self._ns, key)
             except (FileNotFoundError, NotADirectoryError):
                 self.stamps.drop(key)
-                self.events("missing", f"{key.hex()[:16]} vanished after lookup")
+                self.events.fault("missing", f"{key.hex()[:16]} vanished after lookup")
                 return b.put(i, ReadResult.miss("missing"))
             except ChunkError as e:
                 removed = self._remove_bad(key)
-                self.events(e.kind, f"{key.hex()[:16]}: {e}{' (removed)' if removed else ''}")
+                self.events.fault(e.kind, f"{key.hex()[:16]}: {e}{' (removed)' if removed else ''}")
                 return b.put(i, ReadResult.miss(e.kind))
             except ValueError as e:   # a well-formed header, a payload larger than the buffer: never an
-                self.events("wrong_size", f"{key.hex()[:16]}: {e}")   # exception for what another machine wrote
+                self.events.fault("wrong_size", f"{key.hex()[:16]}: {e}")   # exception for what another machine wrote
                 return b.put(i, ReadResult.miss("wrong_size"))
             except OSError as e:
                 st = self._os_error(e, f"read {key.hex()[:16]}")
@@ -247,7 +248,7 @@ class SharedFsTier(Tier):
 
         sio.fan_out(self._reads, b, job)
         if not self._wait(b, deadline):
-            self.events("timeout", f"read of {n} chunks not done in time")
+            self.events.fault("timeout", f"read of {n} chunks not done in time")
         results: list[ReadResult] = []
         for i in range(n):
             v = b.values[i] if b.filled[i] else ReadResult.unavailable("timeout")
@@ -315,7 +316,7 @@ class SharedFsTier(Tier):
                 if on_done is not None:
                     on_done(item.meta.key, True)     # the queued write of the same key carries it
             elif why is not None:
-                self.events(why[0], why[1])
+                self.events.fault(why[0], why[1])
         return accepted
 
     def _write_one(self, meta: ChunkMeta, payload: memoryview, stamp: int) -> bool:
@@ -334,10 +335,10 @@ class SharedFsTier(Tier):
         except OSError as e:
             _unlink_quiet(tmp)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                self.events("enospc", f"write {meta.key.hex()[:16]}: {e}")
+                self.events.fault("enospc", f"write {meta.key.hex()[:16]}: {e}")
             elif e.errno == errno.EROFS:
                 self.state = READ_ONLY
-                self.events("read_only", f"write: {e}")
+                self.events.fault("read_only", f"write: {e}")
             else:
                 self._os_error(e, f"write {meta.key.hex()[:16]}")
             return False
@@ -369,14 +370,7 @@ class SharedFsTier(Tier):
         """The janitor's last count (any process's janitor; published on the mount)."""
         return TierUsage(self._used, self.cfg.capacity, self._files)
 
-    # -- per-key calls, on top of the batched ones ---------------------------------------------
-    def contains(self, key: ChunkKey) -> bool:
-        return self.longest_prefix([key], Deadline.after(self.cfg.lookup_timeout_s)).num_chunks == 1
-
-    def get_into(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
-        r = self.read_into([key], [out], Deadline.after(self.cfg.io_timeout_s))[0]
-        return r.meta if r.ok else None
-
+    # -- per-key calls the batched ones do not cover (contains, get_into, index calls: RemoteTier) --
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
         try:
             size = os.stat(self.layout.path_of(key)).st_size if self.state != DOWN else -1
@@ -386,7 +380,7 @@ class SharedFsTier(Tier):
             self._tm.miss(TIER)
             return None
         if size > read_limit(self._ns):       # allocate from a checked size only
-            self.events("too_large", f"{key.hex()[:16]}: file of {size} B exceeds store.max_chunk_bytes")
+            self.events.fault("too_large", f"{key.hex()[:16]}: file of {size} B exceeds store.max_chunk_bytes")
             self._tm.miss(TIER)
             return None
         buf = memoryview(bytearray(size - sio.MIN_FILE))
@@ -399,7 +393,7 @@ class SharedFsTier(Tier):
     def put(self, meta: ChunkMeta, payload: bytes | memoryview) -> bool:
         """Synchronous write in the calling thread (copy semantics: nothing kept)."""
         if self.state != OK:
-            self.events("shared_down" if self.state == DOWN else "read_only", "put refused")
+            self.events.fault("shared_down" if self.state == DOWN else "read_only", "put refused")
             return False
         stamp = self.stamps.for_write(meta.parent, time.time_ns())
         ok = self._write_one(meta, as_byte_view(payload), stamp)
@@ -415,17 +409,8 @@ class SharedFsTier(Tier):
         except OSError:
             return False
 
-    def keys(self) -> list[ChunkKey]:
-        return []           # no index: the mount is the truth
-
-    def children(self, key: ChunkKey) -> list[ChunkKey]:
-        return []
-
     def holds(self, key: ChunkKey) -> bool:
-        return key in self.stamps       # seen on the mount recently by this process
-
-    def has_children(self, key: ChunkKey) -> bool:
-        return False
+        return key in self.stamps       # seen on the mount recently by this process (no index: the mount is the truth)
 
     def close(self) -> None:
         """Finish queued writes (up to io_timeout_s), stop threads, give up the lease. Never hangs

@@ -33,8 +33,9 @@ from typing import Callable
 import numpy as np
 
 from kvtier.config import SharedFsConfig
+from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.sharedfs_io import DaemonPool
-from kvtier.tiers.sharedfs_layout import HOST, BurstEvents, Layout
+from kvtier.tiers.sharedfs_layout import HOST, Layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,7 +140,7 @@ def _dump(d: dict) -> str:
 
 
 class Janitor:
-    def __init__(self, layout: Layout, cfg: SharedFsConfig, events: BurstEvents, pool_threads: int) -> None:
+    def __init__(self, layout: Layout, cfg: SharedFsConfig, events: Bursts, pool_threads: int) -> None:
         self.layout = layout
         self.cfg = cfg
         self.events = events

@@ -1,4 +1,4 @@
-"""On-mount layout of the shared-filesystem tier, access stamps, and once-per-burst events.
+"""On-mount layout of the shared-filesystem tier and access stamps.
 
 Layout under ``<sharedfs.path>/<namespace.short_id()>/`` (see docs/store-design.md,
 "Shared filesystem tier")::
@@ -29,7 +29,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.metrics import EVENTS, Telemetry, log
+
 
 SUFFIX = ".kvc"
 TIER = "sharedfs"
@@ -135,49 +135,4 @@ class Stamps:
         return now_ns if p is None else min(now_ns, p - self.STEP_NS)
 
 
-class BurstEvents:
-    """Count every occurrence of an event; log it once per burst.
-
-    The first occurrence of ``kind`` after ``window_s`` of quiet goes through
-    ``Telemetry.event`` (counted + logged); later ones inside the burst are only counted
-    (the same counters ``Telemetry.event`` feeds) and summarised in the next log line."""
-
-    def __init__(self, telemetry: Telemetry, window_s: float = 30.0) -> None:
-        self._tm = telemetry
-        self._window = window_s
-        self._last: dict[str, float] = {}
-        self._suppressed: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    def __call__(self, kind: str, detail: str, n: int = 1) -> None:
-        now = time.monotonic()
-        with self._lock:
-            last = self._last.get(kind)
-            quiet = last is None or now - last >= self._window
-            if quiet:
-                self._last[kind] = now
-                more = self._suppressed.pop(kind, 0)
-            else:
-                self._suppressed[kind] = self._suppressed.get(kind, 0) + n
-        if quiet:
-            suffix = f" (+{more} more in the last burst)" if more else ""
-            self._tm.event(kind, TIER, detail + suffix)
-            if n > 1:
-                self._count(kind, n - 1)
-        else:
-            self._count(kind, n)
-
-    def _count(self, kind: str, n: int) -> None:
-        EVENTS.labels(kind).inc(n)
-        self._tm._add(f"events.{kind}", n)   # same counter Telemetry.event feeds, without the log line
-
-    def resumed(self, kind: str, detail: str) -> None:
-        """Log (info) that the condition ``kind`` ended; the next occurrence logs again."""
-        with self._lock:
-            was = self._last.pop(kind, None)
-            self._suppressed.pop(kind, None)
-        if was is not None:
-            log.info("kvtier %s tier: %s", TIER, detail)
-
-
-__all__ = ["BurstEvents", "DOWN_ERRNOS", "HOST", "Layout", "Stamps", "SUFFIX", "TIER"]
+__all__ = ["DOWN_ERRNOS", "HOST", "Layout", "Stamps", "SUFFIX", "TIER"]

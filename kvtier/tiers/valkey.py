@@ -18,7 +18,7 @@ Guarantees (tests/integration/test_valkey_tier.py, test_valkey_failures.py):
   of ``GETRANGE``/``SET`` in windows of at most ``WINDOW_BYTES``.
 * **Deadlines.** Existence checks use a client whose socket timeout is ``lookup_timeout_s``, reads
   and writes one with ``io_timeout_s``; no client retries. Down / timeout / full become
-  ``UNAVAILABLE`` / ``False`` plus an event counted once per burst (``kvtier.tiers.bursts``).
+  ``UNAVAILABLE`` / ``False`` plus an event (counted each time, logged once per burst) (``kvtier.tiers.bursts``).
   A dropped connection is replaced on the next call: the tier reconnects by itself.
 * **Eviction is the server's.** Run the server with ``maxmemory`` and ``maxmemory-policy allkeys-lru``
   (or ``allkeys-lfu``); with ``noeviction`` a full server rejects writes (``full`` events, reads go

@@ -4,6 +4,7 @@ ends in a miss / unavailable / False plus a counted event, never an exception, n
 
 from __future__ import annotations
 
+import logging
 import time
 
 import numpy as np
@@ -105,22 +106,25 @@ def test_pool_owner_gone_objects_vanish_as_counted_misses(mooncake: MooncakeClus
         _wait(lambda: tier.longest_prefix(_keys(chunks), Deadline.after(5)).status is Status.MISS, "objects gone")
         res = tier.read_into(_keys(chunks), buffers(chunks), Deadline.after(5))
         assert {r.status for r in res} == {Status.MISS} and tm.counts["events.missing"] == 4
-        assert tier.write(items(chunks)) == [False] * 4 and tm.counts["events.full"] == 1  # no segment
+        assert tier.write(items(chunks)) == [False] * 4 and tm.counts["events.full"] == 4  # no segment: each chunk
         mooncake.restart_owner()
         _wait(lambda: tier.write(items(chunks[:1])) == [True], "writes again")
     finally:
         tier.close()
 
 
-def test_pool_full_is_false_and_counted_once(tmp_path):
+def test_pool_full_is_false_counted_per_chunk_logged_once(tmp_path, caplog):
     mc = started(lambda: MooncakeCluster.start(tmp_path, segment_bytes=16 * 2**20))
     tier, tm = _tier(mc)
     try:
         oks = []
-        for i in range(8):
-            oks += tier.write(items(chain(4, payload_len=1024 * 1024, seed=i)))
+        with caplog.at_level(logging.WARNING, logger="kvtier.store"):
+            for i in range(8):
+                oks += tier.write(items(chain(4, payload_len=1024 * 1024, seed=i)))
         assert True in oks and False in oks
-        assert tm.counts["events.full"] == 1 and tier._bursts.suppressed["full"] >= 1
+        assert tm.counts["events.full"] == oks.count(False)          # every rejected chunk counted
+        assert sum("kvtier full event" in r.getMessage() for r in caplog.records) == 1   # logged once
+        assert tier._bursts.suppressed["full"] == oks.count(False) - 1
         first = chain(4, payload_len=1024 * 1024, seed=0)
         outs = buffers(first)
         res = tier.read_into(_keys(first), outs, Deadline.after(5))

@@ -22,17 +22,25 @@ Valkey's deployment separation is shown on the tier against a real server
 engine start would cost more than it adds (the prefix is backend-independent: it is in the namespace
 digest every key and header carries).
 
-Cost on a 2-core AVX2 CPU (float32): six server starts (~30 s each on a quiet machine, up to 2 min
-with other jobs beside it) and ~20 short prefills.
+Two lanes run side by side, each server's compute pinned to its own core (a server start is mostly
+one core's worth of imports): lane 0 is a -> b -> e (b reads a's SSD, e must find a's chunks in
+Mooncake under the other deployment), lane 1 is c -> f -> d (f after c filled the shared fs). The
+RAM hit of a is the reference count every other hit must equal; lanes wait for a shared-tier hit of
+the prompt's full chunks and compare with a's count afterwards.
+
+Cost on a 2-core AVX2 CPU (float32): six server starts (~35 s each on a quiet machine), three per
+lane, and ~20 short prefills.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -40,7 +48,7 @@ from typing import Iterator
 import httpx
 import pytest
 
-from kvtier.server import ServerSpec, VllmServer
+from kvtier.server import ServerSpec, VllmServer, check_spec, launch_env
 from tests.services.fixtures import juicefs, started, valkey_password_server, valkey_server  # noqa: F401
 from tests.services.juicefs import JuiceFs
 from tests.services.mooncake import MooncakeCluster
@@ -52,6 +60,7 @@ WORDS = ("tenant secret prompt ledger invoice harbor lantern meadow signal bridg
          "engine teacher market forest ocean science history letter number music garden window mountain river").split()
 WRONG = "wrong-password-7f3a9c"          # must never appear in any log or report
 ROOT = Path(__file__).resolve().parents[2]
+CHUNK = 128
 
 
 def _prompt() -> str:
@@ -74,8 +83,14 @@ class _Client:
         out = r.json()
         usage = out["usage"]
         assert usage["prompt_tokens"] > 256, usage
+        self.prompt_tokens = int(usage["prompt_tokens"])
         self.texts.append((srv.spec.name, salt, out["choices"][0]["text"]))
         return int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+
+    def full_chunks(self) -> int:
+        """The whole chunks before the prompt's last token (vLLM computes at least that one): what a
+        complete hit is; lane 1 waits for it, then every hit is compared with a's RAM hit."""
+        return (self.prompt_tokens - 1) // CHUNK * CHUNK
 
     def hit_soon(self, srv: VllmServer, salt: str, want: int, tries: int = 20) -> int:
         """The cached count for ``salt`` once it reaches ``want``, else the last one after ``tries``
@@ -91,7 +106,7 @@ class _Client:
 
 
 def _spec(name: str, model: str, store: dict) -> ServerSpec:
-    kv = {"store": {"chunk_size": 128, "memory": {"enabled": False}, **store},
+    kv = {"store": {"chunk_size": CHUNK, "memory": {"enabled": False}, **store},
           "connector": {"load_timeout_s": 60, "stats_interval_s": 0.5}}   # snapshots: <disk.path>/_stats
     return ServerSpec(name=name, model=model, max_model_len=2048, kv_cache_space_gib=0.5,
                       enable_prefix_caching=False, kvtier_config=kv)
@@ -101,11 +116,32 @@ def _timeouts(shared: dict) -> dict:
     return {**shared, "lookup_timeout_s": 5, "io_timeout_s": 20}
 
 
-@contextmanager
-def _serve(spec: ServerSpec, tmp: Path) -> Iterator[VllmServer]:
-    with VllmServer.start(spec, tmp / f"{spec.name}.log") as srv:
-        yield srv
-        time.sleep(1.0)            # background shared-tier writes of the last request; stop() flushes
+def _cores() -> list[str | None]:
+    """One core per lane when there are two (vLLM binds a server's compute threads to it)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return [str(cpus[0]), str(cpus[1])] if len(cpus) >= 2 else [None, None]
+
+
+class _Lane:
+    """The servers of one lane: specs, environments (compute pinned to the lane's core) and checks are
+    built in the test's own thread before the lanes start (the first dtype choice imports torch, and
+    two threads must not race through first imports); the lane's thread only starts servers."""
+
+    def __init__(self, tmp: Path, core: str | None, specs: list[ServerSpec]) -> None:
+        self.tmp, self.specs, self.envs = tmp, {s.name: s for s in specs}, {}
+        for spec in specs:
+            check_spec(spec)
+            env = launch_env(spec)
+            if core is not None:
+                env["VLLM_CPU_OMP_THREADS_BIND"] = core
+            self.envs[spec.name] = env
+
+    @contextmanager
+    def serve(self, name: str) -> Iterator[VllmServer]:
+        spec = self.specs[name]
+        with VllmServer.start(spec, self.tmp / f"{name}.log", env=self.envs[name]) as srv:
+            yield srv
+            time.sleep(1.0)        # background shared-tier writes of the last request; stop() flushes
 
 
 @pytest.fixture
@@ -122,7 +158,7 @@ def mooncake_store(tmp_path: Path) -> Iterator[MooncakeCluster]:
 def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
         bundled_model, tmp_path, valkey_server: ValkeyServer, valkey_password_server: ValkeyServer,
         mooncake_store: MooncakeCluster, juicefs: JuiceFs):
-    c, model = _Client(_prompt()), str(bundled_model)
+    prompt, model = _prompt(), str(bundled_model)
     ssd = tmp_path / "ssd"
     valkey = _timeouts({"kind": "valkey", "url": valkey_server.url})
     mooncake = _timeouts({"kind": "mooncake", "master": mooncake_store.master_addr,
@@ -130,50 +166,75 @@ def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
     fs_dir = juicefs.mount("a").path / "kvtier"
     sharedfs = _timeouts({"kind": "sharedfs", "path": str(fs_dir), "create": True})
     disk = {"enabled": True, "path": str(ssd)}
-
-    # a: alice fills RAM, SSD and Mooncake; bob (same prompt, another salt) must not hit RAM.
-    with _serve(_spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": disk, "shared": mooncake}),
-                tmp_path) as s:
-        assert c.cached(s, "alice") == 0
-        assert c.cached(s, "bob") == 0                      # other tenant: no RAM hit
-        hit = c.cached(s, "alice")
-        assert hit > 0                                      # same tenant: RAM hit
-
-    # b: a fresh process on the same SSD whose Valkey tier has a wrong password: it serves from the
-    # SSD, the tier is off (one error line, auth_failed counted), the secret is in no log or report.
     wrong = _timeouts({"kind": "valkey", "url": f"redis://127.0.0.1:{valkey_password_server.port}/0",
                        "password": WRONG})
-    with _serve(_spec("b", model, {"disk": disk, "shared": wrong}), tmp_path) as s:
-        assert c.cached(s, "carol") == 0                    # a salt never seen: no other salt's KV on the SSD
-        assert c.cached(s, "alice") == hit                  # SSD hit
-        time.sleep(1.5)                                     # a stats snapshot after the requests
-    log = (tmp_path / "b.log").read_text(errors="replace")
-    assert "refused the credentials" in log
-    snapshots = "".join(p.read_text() for p in (ssd / "_stats").glob("*.json"))
-    assert "auth_failed" in snapshots
-    cli = subprocess.run([sys.executable, "-m", "kvtier.cli", "stats", str(ssd), "--json"], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT)
-    assert cli.returncode == 0 and "auth_failed" in cli.stdout, cli.stderr
+    cores = _cores()
+    lanes = [_Lane(tmp_path, cores[0], [
+                 _spec("a", model, {"memory": {"capacity": "256MiB"}, "disk": disk, "shared": mooncake}),
+                 _spec("b", model, {"disk": disk, "shared": wrong}),
+                 _spec("e", model, {"shared": mooncake, "deployment": "other-team"})]),
+             _Lane(tmp_path, cores[1], [
+                 _spec("c", model, {"shared": sharedfs}),
+                 _spec("f", model, {"shared": sharedfs, "deployment": "other-team"}),
+                 _spec("d", model, {"shared": valkey})])]
 
-    with _serve(_spec("c", model, {"shared": sharedfs}), tmp_path) as s:
-        assert c.cached(s, "sam") == 0
-        assert c.hit_soon(s, "sam", hit) == hit                  # shared-fs hit (the engine's own chunks)
-        assert c.cached(s, "zed") == 0                      # the shared fs holds sam's chunks: not zed's
-    with _serve(_spec("d", model, {"shared": valkey}), tmp_path) as s:
-        assert c.cached(s, "dave") == 0
-        assert c.hit_soon(s, "dave", hit) == hit                 # Valkey hit
-        assert c.cached(s, "zed") == 0                      # Valkey holds dave's chunks: not zed's
-    with _serve(_spec("e", model, {"shared": mooncake, "deployment": "other-team"}), tmp_path) as s:
-        assert c.cached(s, "alice") == 0                    # another deployment on the same Mooncake
-        assert c.hit_soon(s, "alice", hit) == hit                # Mooncake hit
-        assert c.cached(s, "zed") == 0
-    with _serve(_spec("f", model, {"shared": sharedfs, "deployment": "other-team"}), tmp_path) as s:
-        assert c.cached(s, "sam") == 0                      # another deployment on the same shared fs
+    def lane0(c: _Client) -> dict:
+        lane, out = lanes[0], {}
+        # a: alice fills RAM, SSD and Mooncake; bob (same prompt, another salt) must not hit RAM.
+        with lane.serve("a") as s:
+            assert c.cached(s, "alice") == 0
+            assert c.cached(s, "bob") == 0                      # other tenant: no RAM hit
+            out["hit"] = hit = c.cached(s, "alice")
+            assert hit > 0                                      # same tenant: RAM hit
+
+        # b: a fresh process on the same SSD whose Valkey tier has a wrong password: it serves from the
+        # SSD, the tier is off (one error line, auth_failed counted), the secret is in no log or report.
+        with lane.serve("b") as s:
+            assert c.cached(s, "carol") == 0                    # a salt never seen: no other salt's KV on the SSD
+            assert c.cached(s, "alice") == hit                  # SSD hit
+            time.sleep(1.5)                                     # a stats snapshot after the requests
+        log = (tmp_path / "b.log").read_text(errors="replace")
+        assert "refused the credentials" in log
+        out["snapshots"] = snapshots = "".join(p.read_text() for p in (ssd / "_stats").glob("*.json"))
+        assert "auth_failed" in snapshots
+        out["cli"] = cli = subprocess.run([sys.executable, "-m", "kvtier.cli", "stats", str(ssd), "--json"],
+                                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+        assert cli.returncode == 0 and "auth_failed" in cli.stdout, cli.stderr
+
+        # e: after a wrote alice's chunks to Mooncake
+        with lane.serve("e") as s:
+            assert c.cached(s, "alice") == 0                    # another deployment on the same Mooncake
+            out["e"] = c.hit_soon(s, "alice", hit)              # Mooncake hit
+            assert c.cached(s, "zed") == 0
+        return out
+
+    def lane1(c: _Client) -> dict:
+        lane, out = lanes[1], {}
+        with lane.serve("c") as s:
+            assert c.cached(s, "sam") == 0
+            out["c"] = c.hit_soon(s, "sam", c.full_chunks())    # shared-fs hit (the engine's own chunks)
+            assert c.cached(s, "zed") == 0                      # the shared fs holds sam's chunks: not zed's
+        with lane.serve("f") as s:
+            assert c.cached(s, "sam") == 0                      # another deployment on the same shared fs
+        with lane.serve("d") as s:
+            assert c.cached(s, "dave") == 0
+            out["d"] = c.hit_soon(s, "dave", c.full_chunks())   # Valkey hit
+            assert c.cached(s, "zed") == 0                      # Valkey holds dave's chunks: not zed's
+        return out
+
+    clients = [_Client(prompt), _Client(prompt)]
+    with ThreadPoolExecutor(2) as pool:
+        runs = [pool.submit(lane0, clients[0]), pool.submit(lane1, clients[1])]
+        r0, r1 = (f.result() for f in runs)
+    hit = r0["hit"]
+    assert (r0["e"], r1["c"], r1["d"]) == (hit, hit, hit)       # Mooncake, shared-fs, Valkey hits: a's count
 
     logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("*.log"))
+    cli = r0["cli"]
     for secret in (WRONG, valkey_password_server.password):
-        for name, text in [("server logs", logs), ("snapshots", snapshots), ("kvtier stats", cli.stdout + cli.stderr)]:
+        for name, text in [("server logs", logs), ("snapshots", r0["snapshots"]),
+                           ("kvtier stats", cli.stdout + cli.stderr)]:
             assert secret not in text, f"a password appears in the {name}"
 
-    texts = {t for _, _, t in c.texts}
-    assert len(texts) == 1, f"outputs differ between hits and misses: {json.dumps(c.texts)}"
+    texts = {t for c in clients for _, _, t in c.texts}
+    assert len(texts) == 1, f"outputs differ between hits and misses: {json.dumps([c.texts for c in clients])}"

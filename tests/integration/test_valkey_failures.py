@@ -103,16 +103,18 @@ def test_full_server_evicts_and_old_chunks_become_counted_misses(valkey_small_se
     _assert_right_bytes(chunks, outs, res)
 
 
-def test_full_noeviction_server_rejects_writes_once_per_burst(tmp_path):
+def test_full_noeviction_server_rejects_writes_logged_once_per_burst(tmp_path, caplog):
     srv = started(lambda: ValkeyServer.start(tmp_path, maxmemory="4mb", policy="noeviction"))
     try:
         tier, tm = _tier(srv.url)
         oks = []
-        for i in range(10):
-            oks += tier.write(items(chain(4, payload_len=512 * 1024, seed=i)))
+        with caplog.at_level(logging.WARNING, logger="kvtier.store"):
+            for i in range(10):
+                oks += tier.write(items(chain(4, payload_len=512 * 1024, seed=i)))
         assert True in oks and False in oks
-        assert tm.counts["events.full"] == 1  # one burst: counted and logged once
-        assert tier._bursts.suppressed["full"] >= 1
+        assert tm.counts["events.full"] == oks.count(False)          # every rejected chunk counted
+        assert sum("kvtier full event" in r.getMessage() for r in caplog.records) == 1   # one burst: logged once
+        assert tier._bursts.suppressed["full"] == oks.count(False) - 1
         first = chain(4, payload_len=512 * 1024, seed=0)
         assert tier.longest_prefix(_keys(first), Deadline.after(5)).num_chunks >= 1  # reads go on
     finally:

@@ -55,6 +55,38 @@ def test_steady_window_drops_the_opening_burst_and_the_drain():
     assert s["window_requests"] == 4 and s["in_flight_mean"] == pytest.approx(2.0) and s["ttft_p90_s"] == 0.5
 
 
+def test_users_in_lockstep_need_three_rounds_for_a_window():
+    """Why MIN_STEADY_ROUNDS is 3: with 2 requests per user (the session-5 sizing floor) every user's
+    second request goes out in one burst right after the first round, nothing ends before the last
+    one is issued, and the point has no measurement (the session-6 SLO run at 6 and 8 users)."""
+    from kvtier.bench.slo import MIN_STEADY_ROUNDS
+    users = 6
+
+    def lockstep(rounds: int) -> list[RequestRecord]:     # equal documents: every request takes 1 s
+        return [_rec(r + 0.001 * u, 1.0) for r in range(rounds) for u in range(users)]
+
+    assert steady_window(lockstep(2), users)[0] == []
+    assert len(steady_window(lockstep(MIN_STEADY_ROUNDS), users)[0]) == users      # the middle round
+
+
+def test_steady_state_search_refuses_fewer_requests_per_user_than_a_window_needs():
+    from kvtier.bench.replay import ReplayError
+    from kvtier.bench.slo import SloOptions
+    with pytest.raises(ReplayError, match="at least 3 requests per user"):
+        SloOptions(steady_state=True, min_requests_per_user=2).validate("closed")
+    SloOptions(steady_state=True, min_requests_per_user=3).validate("closed")
+    SloOptions(steady_state=False, min_requests_per_user=0).validate("closed")
+
+
+def test_a_fixed_point_without_a_window_reports_no_hit_rate_not_zero():
+    empty = {"ttft_p90_s": None, "token_hit_rate": None, "in_flight_mean": 8.0, "requests_failed": 0}
+    res = type("R", (), {"to_dict": lambda self: {}, "best_load": 5.0, "capped": False})()
+    out = slo_demo._length_result(res, [empty, empty, empty])
+    assert out["fixed_p90_s"] is None and out["fixed_hit_rate"] is None
+    half = slo_demo._length_result(res, [empty, {**empty, "ttft_p90_s": 1.0, "token_hit_rate": 0.8}, empty])
+    assert half["fixed_p90_s"] is None and half["fixed_hit_rate"] == pytest.approx(0.8)
+
+
 def test_too_few_requests_give_no_statistic():
     s = steady_summary({"requests_failed": 0}, [_rec(0, 1.0), _rec(0, 1.0)], 2)
     assert s["window_requests"] == 0 and s["ttft_p90_s"] is None

@@ -30,7 +30,8 @@ def test_estimate_matches_each_measured_vanilla_length_and_the_searched_points()
 
 def test_fit_shrinks_in_the_documented_order_and_never_repeats_or_lengths():
     f = fit_slo_size(slo.DEFAULT, LENGTHS, 2.0, AVX2, AVX2_START_S, 128, target_s=900)
-    assert f.changed == ("fixed_users 16 -> 8", "warm_questions 2 -> 1", "min_requests_per_user 3 -> 2")
+    # never below 3 requests per user (kvtier.bench.slo.MIN_STEADY_ROUNDS): the defaults already are 3
+    assert f.changed == ("fixed_users 16 -> 8", "warm_questions 2 -> 1") and f.size.min_requests_per_user == 3
     assert not f.fits and f.estimate.seconds > 900                      # said, in yellow, by the demo
     assert (f.size.repeats, f.size.lengths, f.size.fixed_users) == (3, 3, MIN_FIXED_USERS)
     full = estimate_slo_run(slo.DEFAULT, LENGTHS, 2.0, AVX2, AVX2_START_S, 128).seconds

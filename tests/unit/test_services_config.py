@@ -3,6 +3,8 @@ fault bursts are counted and logged once."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from kvtier.config import ConfigError, MooncakeConfig, ValkeyConfig, load_config
@@ -43,14 +45,21 @@ def test_bad_values_are_one_line_errors():
     assert MooncakeConfig().segment_bytes == 0
 
 
-def test_bursts_count_once_until_the_backend_answers():
+def test_bursts_count_every_fault_and_log_once_until_the_backend_answers(caplog):
     tm = Telemetry()
     b = Bursts(tm, "valkey")
-    for _ in range(5):
+    with caplog.at_level(logging.WARNING, logger="kvtier.store"):
+        for _ in range(5):
+            b.fault("down", "x")
+        b.fault("full", "y", n=3)
+        assert tm.counts["events.down"] == 5 and b.suppressed["down"] == 4     # every one counted
+        assert tm.counts["events.full"] == 3 and b.suppressed["full"] == 2
+        assert [r.getMessage() for r in caplog.records] == ["kvtier down event on valkey tier: x",
+                                                            "kvtier full event on valkey tier: y"]
+        b.ok()                      # the server answered: a new "down" burst logs again, "full" does not
         b.fault("down", "x")
-    assert tm.counts["events.down"] == 1 and b.suppressed["down"] == 4
-    b.fault("full", "y")
-    b.ok()
-    b.fault("down", "x")
-    b.fault("full", "y")
-    assert tm.counts["events.down"] == 2 and tm.counts["events.full"] == 1
+        b.fault("full", "y")
+        assert tm.counts["events.down"] == 6 and tm.counts["events.full"] == 4
+        assert b.suppressed["down"] == 4 and b.suppressed["full"] == 3
+        assert caplog.records[-1].getMessage() == "kvtier down event on valkey tier: x (+4 more since the last warning)"
+        assert len(caplog.records) == 3

@@ -10,7 +10,8 @@ from pathlib import Path
 from kvtier.metrics import Telemetry
 from kvtier.tiers.protocol import Deadline, Status
 from kvtier.tiers.sharedfs_janitor import Janitor, Lease
-from kvtier.tiers.sharedfs_layout import BurstEvents, Layout
+from kvtier.tiers.bursts import Bursts
+from kvtier.tiers.sharedfs_layout import Layout
 
 from tests.unit.sharedfs_helpers import NS, P, bufs, cfg, chain, open_tier, write_all
 
@@ -112,7 +113,7 @@ def test_victim_read_since_scan_is_kept(tmp_path) -> None:
     try:
         items = chain(4)
         assert all(write_all(t, items))
-        j = Janitor(t.layout, cfg(tmp_path, capacity=FILE, low_watermark=1.0), BurstEvents(Telemetry()), 2)
+        j = Janitor(t.layout, cfg(tmp_path, capacity=FILE, low_watermark=1.0), Bursts(Telemetry(), "sharedfs"), 2)
         assert j.lease.try_hold()
         mt, sz, keys = j.scan()
         victims = [(k, int(m), int(s)) for m, s, k in zip(mt, sz, keys)]
