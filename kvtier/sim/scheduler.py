@@ -82,7 +82,8 @@ class EngineSim(Admission):
                                       chunk_tokens * profile.kv_bytes_per_token, chunk_tokens, profile.eviction,
                                       profile.promote_min_hits)
                       if profile.kvtier_enabled() else None)
-        if self.store is not None and profile.ram_view == "stored_keys" and self.store.tiers[0].name == "ram":
+        if (self.store is not None and profile.ram_view == "stored_keys" and self.store.tiers
+                and self.store.tiers[0].name == "ram"):
             self.store = StoredKeysStore.over(self.store)
         self._partial_loads = isinstance(self.store, StoredKeysStore)   # a claimed chunk may fail to load
 

@@ -43,3 +43,19 @@ def test_batched_equals_single_and_a_change_breaks_the_chain(vals, unit, data) -
     first_bad = i // unit
     assert h0[:first_bad] == h1[:first_bad]
     assert all(x != y for x, y in zip(h0[first_bad:], h1[first_bad:]))
+
+
+def test_batches_of_segments_give_the_one_pass_hashes(monkeypatch) -> None:
+    import kvtier.sim.hashing as H
+    rng = np.random.default_rng(5)
+    lens = rng.integers(0, 60, size=300)
+    lens[7] = 500                                       # one segment longer than a batch
+    off = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(lens, out=off[1:])
+    vals = rng.integers(0, 1 << 40, size=int(off[-1]))
+    for unit in (1, 4, 16):
+        want = H._prefix_hashes(vals, off, unit)
+        monkeypatch.setattr(H, "_BLOCK", 97)
+        got = H.prefix_hashes(vals, off, unit)
+        monkeypatch.setattr(H, "_BLOCK", 1 << 20)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
