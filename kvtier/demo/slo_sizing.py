@@ -32,9 +32,6 @@ from typing import Any
 from kvtier.demo.calibrate import PrefillProfile
 
 MIN_FIXED_USERS = 8
-# Never fewer requests per user than a steady-state window needs (kvtier.bench.slo.MIN_STEADY_ROUNDS:
-# with 2, a point of users in lockstep has an empty window and no measurement).
-MIN_REQUESTS_PER_USER = 3
 # Wall time / the model's, measured: the cut-off 2026-12-01 run's vanilla phases took 1.38x, 1.35x and
 # 1.31x the model at 282 / 564 / 1128 tokens (the model counts cold prefill only: each request's 4
 # decode steps and the API server's and client's share of the 2 vCPUs are not in the calibration).
@@ -143,7 +140,9 @@ def fit_slo_size(size: Any, doc_tokens: tuple[int, ...], slo_s: float, profile: 
         u //= 2
         steps.append(("fixed_users", u))
     steps += [("warm_questions", w) for w in range(size.warm_questions - 1, 0, -1)]
-    steps += [("min_requests_per_user", r) for r in range(size.min_requests_per_user - 1, MIN_REQUESTS_PER_USER - 1, -1)]
+    # never fewer requests per user than a steady-state window needs (with 2, users in lockstep leave it empty)
+    from kvtier.bench.slo import MIN_STEADY_ROUNDS
+    steps += [("min_requests_per_user", r) for r in range(size.min_requests_per_user - 1, MIN_STEADY_ROUNDS - 1, -1)]
     for field, value in steps:
         if e.seconds <= target_s:
             break
@@ -153,5 +152,5 @@ def fit_slo_size(size: Any, doc_tokens: tuple[int, ...], slo_s: float, profile: 
     return SloFit(size=cur, estimate=e, target_s=target_s, changed=tuple(changed), fits=e.seconds <= target_s)
 
 
-__all__ = ["MIN_FIXED_USERS", "MIN_REQUESTS_PER_USER", "WALL_FACTOR", "SloEstimate", "SloFit", "estimate_slo_run",
+__all__ = ["MIN_FIXED_USERS", "WALL_FACTOR", "SloEstimate", "SloFit", "estimate_slo_run",
            "fit_slo_size", "point_seconds", "service_s"]
