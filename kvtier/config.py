@@ -273,6 +273,9 @@ class ConnectorConfig(_Section):
     promote_min_hits: int = Field(
         default=2, ge=1, description="background promotion copies a chunk into RAM at its n-th SSD hit in this "
         "worker (2: chunks read once are never copied)")
+    async_read_depth: int = Field(
+        default=2, ge=1, le=32, description="chunk reads in flight per asynchronous (shared-tier) load; each "
+        "holds one chunk-sized buffer of the worker's ring (depth + 1 buffers)")
     background_cpus: Literal["any", "inherit"] = Field(
         default="any", description="CPUs for kvtier's background worker threads (disk writes, promotion, RAM "
         "prefault): any = every CPU of the process, not only the cores the engine bound its compute to (they "

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
-from services import services  # noqa: E402
+from services import READER_MOUNT_OPTIONS, services  # noqa: E402
 
 
 def main() -> int:
@@ -32,10 +32,13 @@ def main() -> int:
     ap.add_argument("--pool-gib", type=float, default=1.5, help="Mooncake pool size")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--reader-cache", action="store_true",
+                    help="mount b with JuiceFS's default block cache (default: none, services.READER_MOUNT_OPTIONS)")
     a = ap.parse_args()
     kinds = [b.strip() for b in a.backends.split(",") if b.strip()]
     with tempfile.TemporaryDirectory(prefix="kvtier-longdoc-svc-") as tmp, \
-            services(Path(tmp), int(a.pool_gib * 2**30), set(kinds)) as ep:
+            services(Path(tmp), int(a.pool_gib * 2**30), set(kinds),
+                     () if a.reader_cache else READER_MOUNT_OPTIONS) as ep:
         argv = [sys.executable, "-m", "kvtier.cli", "demo", "longdoc", *ep.longdoc_options(kinds),
                 "--out", str(a.out), *(["--json", str(a.json.resolve())] if a.json else []),
                 *(["--quick"] if a.quick else [])]

@@ -1,6 +1,7 @@
 """The shared backends of the benchmarks, started from tests/services on 127.0.0.1 (and stopped):
 a JuiceFS volume mounted twice (metadata in Valkey, data in a local directory; "machine A"
-writes through mount a, "machine B" reads through mount b with its own cache dir), a Valkey
+writes through mount a, "machine B" reads through mount b with its own cache dir, and by default
+no block cache: ``READER_MOUNT_OPTIONS``), a Valkey
 server (maxmemory 4gb, allkeys-lru) and a Mooncake master + standalone pool owner (TCP).
 
 ``services(tmp, pool_bytes, {"sharedfs", "valkey", "mooncake"})`` yields ``Endpoints``: the
@@ -48,9 +49,19 @@ class Endpoints:
         return o + (["--mooncake", self.mooncake] if self.mooncake and "mooncake" in kinds else [])
 
 
+#: `juicefs mount` options of "machine B" (the reader): no JuiceFS block cache. kvtier is the cache:
+#: a shared-tier hit is promoted into the reading engine's own RAM (and SSD) tier, so that machine
+#: reads each chunk from the shared filesystem once and JuiceFS's local copy of every block read
+#: (written, checksummed, as dirty page cache on a 2-core VM) is pure overhead — JuiceFS's docs advise
+#: turning the cache off for read-once data. Measured: docs/results.md, "shared-FS hit" (session 7).
+READER_MOUNT_OPTIONS: tuple[str, ...] = ("--cache-size", "0")
+
+
 @contextlib.contextmanager
-def services(tmp: Path, pool_bytes: int, which: set[str]):
-    """Start the backends named in ``which``; yield their ``Endpoints``; stop them on exit."""
+def services(tmp: Path, pool_bytes: int, which: set[str],
+             reader_mount_options: tuple[str, ...] = READER_MOUNT_OPTIONS):
+    """Start the backends named in ``which``; yield their ``Endpoints``; stop them on exit.
+    ``reader_mount_options``: extra `juicefs mount` options of mount b (``()``: JuiceFS's defaults)."""
     from common import juicefs_volume
     from tests.services.mooncake import MooncakeCluster
     from tests.services.valkey_server import ValkeyServer
@@ -59,7 +70,7 @@ def services(tmp: Path, pool_bytes: int, which: set[str]):
         ep = Endpoints()
         if "sharedfs" in which:
             fs, _meta = stack.enter_context(juicefs_volume(tmp / "jfs"))
-            a, b = fs.mount("a"), fs.mount("b")
+            a, b = fs.mount("a"), fs.mount("b", extra=list(reader_mount_options))
             (a.path / "kv").mkdir()
             end = time.time() + 30
             while not (b.path / "kv").is_dir() and time.time() < end:

@@ -212,3 +212,41 @@ def test_store_promote_keeps_the_parent_rule(tmp_path: Path) -> None:
         st.promote(ChunkMeta(keys[0], None, 256, (1024,), "uint8", len(payload)), payload)
         st.promote(ChunkMeta(keys[1], keys[0], 256, (1024,), "uint8", len(payload)), payload)
         assert st.where(keys[0]) == "memory" and st.where(keys[1]) == "memory"
+
+
+class _IdleRecorder:
+    """A worker half that records the ``idle`` flag each ``get_finished`` was called with."""
+
+    def __init__(self) -> None:
+        self.idle: list[bool] = []
+
+    def get_finished(self, finished_req_ids, idle: bool = False):
+        self.idle.append(idle)
+        return set()
+
+    def take_released(self):
+        return set()
+
+
+def test_connector_hands_the_steps_idle_flag_to_the_worker() -> None:
+    """vLLM binds the step's metadata around ``get_finished``; the connector must pass its ``idle``
+    on, else the worker never waits and an engine whose only request waits for shared-tier KV
+    steps again at once (its worker's main thread then spins on the engine's core beside the
+    loader's threads). The flag must also survive the trip to a worker process (pickle)."""
+    import pickle
+
+    import pytest
+
+    pytest.importorskip("vllm")
+    from kvtier.integrations.vllm.connector import KvtierConnector
+    from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata
+
+    c = object.__new__(KvtierConnector)       # the worker half only: no engine needed
+    c._connector_metadata = None
+    c._worker = rec = _IdleRecorder()
+    c.get_finished(set())                                       # no metadata bound: not idle
+    for idle in (True, False):
+        c.bind_connector_metadata(pickle.loads(pickle.dumps(KvtierConnectorMetadata(idle=idle))))
+        c.get_finished(set())
+        c.clear_connector_metadata()
+    assert rec.idle == [False, True, False]

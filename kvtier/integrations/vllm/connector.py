@@ -142,7 +142,8 @@ class KvtierConnector(KVConnectorBase_V1):
                                       load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics,
                                       promote=cfg.connector.promote, background_cpus=cfg.connector.background_cpus,
                                       promote_min_hits=cfg.connector.promote_min_hits,
-                                      always_report=self.namespace.tp_size > 1)
+                                      always_report=self.namespace.tp_size > 1,
+                                      async_read_depth=cfg.connector.async_read_depth)
             port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
         if port:
             serve(port, cfg.metrics.host)
@@ -176,7 +177,11 @@ class KvtierConnector(KVConnectorBase_V1):
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
             return None, None
-        done = self._worker.get_finished(finished_req_ids)
+        # vLLM binds this step's metadata around get_finished (``_get_kv_connector_output``); an idle
+        # step (no tokens scheduled, a load in flight) lets the worker wait for the load
+        meta = self._get_connector_metadata() if self.has_connector_metadata() else None
+        done = self._worker.get_finished(finished_req_ids,
+                                         idle=isinstance(meta, KvtierConnectorMetadata) and meta.idle)
         sent = self._worker.take_released()     # finished requests whose last saves are copied
         return (sent or None), (done or None)
 

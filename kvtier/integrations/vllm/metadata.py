@@ -51,11 +51,15 @@ class SaveChunk:
 @dataclass
 class KvtierConnectorMetadata(KVConnectorMetadata):
     """``releases``: finished requests whose blocks vLLM keeps until the worker has copied this
-    step's saves out of them; the worker reports them in ``get_finished`` (finished_sending)."""
+    step's saves out of them; the worker reports them in ``get_finished`` (finished_sending).
+    ``idle``: this step scheduled no tokens while an asynchronous load is in flight; the worker's
+    ``get_finished`` then waits (GIL released, bounded) for the load instead of letting the
+    engine step again at once."""
 
     loads: list[LoadPlan] = field(default_factory=list)
     saves: list[SaveChunk] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
+    idle: bool = False
 
     def is_empty(self) -> bool:
         return not self.loads and not self.saves and not self.releases

@@ -92,7 +92,7 @@ class WorkerSide:
     def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
                  promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2,
-                 always_report: bool = False) -> None:
+                 always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH) -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -102,6 +102,7 @@ class WorkerSide:
         self.metrics = metrics
         self.promote_background = promote == "background"
         self.promote_min_hits = promote_min_hits
+        self.async_read_depth = async_read_depth
         self.background_any_cpu = background_cpus == "any"
         self.last_load: LoadTimes | None = None
         self.layers: list["torch.Tensor"] = []
@@ -299,7 +300,7 @@ class WorkerSide:
             assert staging is not None
             self._async = AsyncLoader(self._read_async, self._scatter, lambda: torch.empty_like(staging),
                                       block_size=self.block_size,
-                                      load_timeout_s=self.load_timeout_s, depth=PREFETCH_DEPTH,
+                                      load_timeout_s=self.load_timeout_s, depth=self.async_read_depth,
                                       promote=lambda meta, buf: self.store.promote(meta, self._bytes(buf)))
         self._async.submit(plan)
 
