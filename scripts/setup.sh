@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 VENV=${KVTIER_VENV:-.venv}
 STAMP="$VENV/.kvtier-setup-stamp"
 
-log() { printf '[setup] %s\n' "$*"; }
+log() { printf "[setup %4ds] %s\n" "$SECONDS" "$*"; }   # seconds since set-up began
 
 "$PY" - <<'PYEOF' || { echo "[setup] error: kvtier needs Python >= 3.11 (found $("$PY" --version 2>&1))"; exit 1; }
 import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
