@@ -15,8 +15,9 @@ demo: setup
 	$(VENV)/bin/kvtier doctor --no-load
 	$(VENV)/bin/kvtier demo $(DEMO_ARGS)
 
+# integration suite in the foreground, unit suite beside it (niced): see scripts/test.sh
 test: setup
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	@PY=$(PY) bash scripts/test.sh $(PYTEST_ARGS)
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not integration" $(PYTEST_ARGS)

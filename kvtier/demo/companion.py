@@ -177,7 +177,7 @@ def choose_size(base: CompanionDemoSize, opts: DemoOptions, cal: Calibration, to
     """Size the workload to the machine (``kvtier.demo.sizing``); --users/--conversations win."""
     target = target_s or opts.target_s or base.target_s
     return size_companion(base, cal.profile, cal.startup_s, target, lambda s: generate(s, tokenizer)[3],
-                          users=opts.users, conversations=opts.conversations)
+                          users=opts.users, conversations=opts.conversations, history=opts.history)
 
 
 def light_users(opts: DemoOptions) -> int:
@@ -210,7 +210,7 @@ def run(base: CompanionDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions
         console.rule(f"[bold]the same experiment at {light} users")
         with console.status("sizing the lighter load point"):
             ls = light_sizing(base, sizing, cal, lambda s: generate(s, tokenizer)[3], light,
-                              max(0.0, target - sizing.estimate_s))
+                              max(0.0, target - sizing.estimate_s), opts.history)
         lfig, lprob = run_point(ls, out / f"users{light}", facts, opts, cal, tokenizer, start_server)
         figures["light_point"] = lfig
         problems += [f"{light} users: {p}" for p in lprob]

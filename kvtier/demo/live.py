@@ -109,7 +109,7 @@ def returning_turns(records: Sequence[Any], summary: dict[str, Any] | None, prof
 
 
 def light_sizing(base: Any, main: Sizing, cal: Calibration, facts_of: Callable[[Any], WorkloadFacts],
-                 users: int, budget_s: float) -> Sizing:
+                 users: int, budget_s: float, history: str = "live") -> Sizing:
     """The main run's scales at ``users`` users, conversations chosen for ``budget_s`` (3 server starts
     and 3 replays; see the module docstring). Never fewer conversations than users."""
     per_user = max(1.0, main.size.conversations / max(1, main.size.concurrency))
@@ -118,7 +118,7 @@ def light_sizing(base: Any, main: Sizing, cal: Calibration, facts_of: Callable[[
         size = dataclasses.replace(scaled(base, main.length_scale, main.think_scale, c), concurrency=users,
                                    max_tokens=main.size.max_tokens)
         facts = facts_of(size)
-        total, per = estimate(cal.profile, cal.startup_s, size, facts)
+        total, per = estimate(cal.profile, cal.startup_s, size, facts, history)
         own = total - cal.profile.elapsed_s - cal.startup_s          # no calibration, 3 starts
         if own <= budget_s or c <= users:
             return Sizing(size=size, length_scale=main.length_scale, think_scale=main.think_scale, estimate_s=own,

@@ -19,13 +19,17 @@ Estimated wall time = calibration + 4 server starts (calibration + 3 configurati
 configuration the closed loop's makespan (``closed_loop_seconds``): ``users`` users each take the
 next conversation when their last one ended; a turn is sent its think time after the previous
 turn ended and needs W seconds of the engine, W = the fixed cost plus the prefill of its uncached
-part, with the engine shared equally by the requests in flight. So the end of the run, where the
+part plus its decode (the tokens it generates x the calibration's decode step with ``users``
+requests decoding together / ``users``: a decode step serves every request in flight at once),
+with the engine shared equally by the requests in flight. So the end of the run, where the
 last users' long conversations run alone (mostly think time), is in the estimate: last session's
 quick demo on a 2-core AVX2 machine took 121/110/110 s per configuration, the earlier formula
 ``max(W, (W + think) / users)`` said 78/63/62 s, this model with the requests' measured cached
 tokens 120/105/104 s. Uncached parts use the share of the ideal hit rate each configuration
-reached in the reference runs (docs/results.md). Facts without per-conversation turns (aggregates
-only) fall back to that earlier formula. Side-effect free.
+reached in the reference runs (docs/results.md). The decode term came in session 7: the live-history
+demo (replies of ~50 tokens) took 318/267/284 s per configuration on the AVX2 machine against an
+estimate without decode of 252/215/194 s. Facts without per-conversation turns (aggregates only)
+fall back to that earlier formula. Side-effect free.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class TurnFacts:
     prompt_tokens: int
     ideal_hit_tokens: int           # what an infinite prefix cache would serve (nominal send order)
     think_s: float                  # pause before it (0 for a first turn), before think_time_scale
+    out_tokens: int = 0             # tokens it generates in live history (the workload turn's max_tokens)
 
 
 @dataclass(frozen=True)
@@ -149,8 +154,10 @@ def conversation_facts(workload: Any, tokenizer: Any, block_size: int) -> tuple[
     blocks = PrefixBlockSet(block_size)
     turns: dict[int, dict[int, TurnFacts]] = {}
     for ci, k, ids in iter_request_prompts(workload, tokenizer):
-        think = workload.conversations[ci].turns[k].think_time_s if k else 0.0
-        turns.setdefault(ci, {})[k] = TurnFacts(len(ids), blocks.lookup_and_insert(ids), float(think))
+        turn = workload.conversations[ci].turns[k]
+        think = turn.think_time_s if k else 0.0
+        turns.setdefault(ci, {})[k] = TurnFacts(len(ids), blocks.lookup_and_insert(ids), float(think),
+                                                int(turn.max_tokens or 0))
     return tuple(tuple(t[k] for k in sorted(t)) for _, t in sorted(turns.items()))
 
 
@@ -195,13 +202,17 @@ def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, float]]], 
 
 
 def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, think_time_scale: float,
-                   hit_share: float) -> float:
-    """Estimated replay time of one configuration (see the module docstring)."""
+                   hit_share: float, out_tokens: int | None = None) -> float:
+    """Estimated replay time of one configuration (see the module docstring). ``out_tokens``: the
+    tokens every request generates (workload history); None: each turn's own (live history)."""
     if not facts.requests:
         return 0.0
+    n = max(1, users)
+    per_token = profile.decode_step_s(n) / n          # engine seconds per generated token and request
     if facts.conversations:
         convs = [[(profile.a + profile.extend_seconds(t.ideal_hit_tokens * hit_share,
-                                                      t.prompt_tokens - t.ideal_hit_tokens * hit_share),
+                                                      t.prompt_tokens - t.ideal_hit_tokens * hit_share)
+                   + per_token * (t.out_tokens if out_tokens is None else out_tokens),
                    t.think_s * think_time_scale) for t in conv] for conv in facts.conversations]
         return SLACK * closed_loop_seconds(convs, users)
     mean = facts.prompt_tokens / facts.requests
@@ -212,14 +223,17 @@ def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, th
 
 
 def estimate(profile: PrefillProfile, startup_s: float, size: CompanionLike,
-             facts: WorkloadFacts) -> tuple[float, dict[str, float]]:
-    per = {name: config_seconds(profile, facts, size.concurrency, size.think_time_scale, share)
+             facts: WorkloadFacts, history: str = "live") -> tuple[float, dict[str, float]]:
+    """(whole demo s, per configuration s); ``history`` "live": each turn generates its own reply
+    length, otherwise ``size.max_tokens``."""
+    out = None if history == "live" else size.max_tokens
+    per = {name: config_seconds(profile, facts, size.concurrency, size.think_time_scale, share, out)
            for name, share in HIT_SHARE.items()}
     return profile.elapsed_s + startup_s * (1 + len(per)) + sum(per.values()), per
 
 
 def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_s: float, facts_of: FactsOf, *,
-                   users: int | None = None, conversations: int | None = None) -> Sizing:
+                   users: int | None = None, conversations: int | None = None, history: str = "live") -> Sizing:
     """Pick length scale and conversation count for about ``target_s`` (``users``/``conversations`` win)."""
     s = profile.speed_factor()
     g0 = min(1.0, max(MIN_LENGTH_SCALE, 1.0 / s))
@@ -241,7 +255,7 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
 
     def total(g: float, c: int) -> float:
         size, f = make(g, c)
-        return estimate(profile, startup_s, size, f)[0]
+        return estimate(profile, startup_s, size, f, history)[0]
 
     chosen: tuple[float, int] | None = None
     for g in scales:
@@ -260,7 +274,7 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
     assert chosen is not None
     g, c = chosen
     size, f = make(g, c)
-    est, per = estimate(profile, startup_s, size, f)
+    est, per = estimate(profile, startup_s, size, f, history)
     over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
     return Sizing(size=size, length_scale=g, think_scale=s * g, estimate_s=est, per_config_s=per, facts=f,
                   target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over))

@@ -84,3 +84,27 @@ def test_cached_tokens_reported_and_match_server_counters(server):
     print(f"\nclient token hit rate {s['token_hit_rate']:.3f} (later turns {s['later_turns']['token_hit_rate']:.3f}), "
           f"server prefix-cache hit rate {server_rate:.3f}")
     assert server_rate == pytest.approx(s["token_hit_rate"], abs=0.05)
+
+
+@pytest.mark.timeout(180)
+def test_demo_calibration_on_real_vllm(server, tmp_path):
+    """The demos' calibration (``kvtier.demo.calibrate``) against real vLLM: cold prefill grows with
+    the prompt, a decode step is measured alone and in a batch, and the saved file loads back. (The
+    quick-demo test reuses a written calibration, so its size does not depend on the CPU.)"""
+    import json
+
+    from kvtier.demo.calibrate import (DECODE_BATCH, Calibration, load_calibration, measure_profile,
+                                       server_decode_timer, server_prefill_timer)
+
+    p = measure_profile(server_prefill_timer(server.base_url), (256, 1024), budget_s=120,
+                        time_decode=server_decode_timer(server.base_url))
+    assert [n for n, _ in p.points] == [256, 1024] and all(t > 0 for _, t in p.points)
+    assert p.seconds(1024) > p.seconds(256) > 0
+    assert [n for n, _ in p.decode_points] == [1, DECODE_BATCH] and all(t > 0 for _, t in p.decode_points)
+    # one decode step is far cheaper than a 1K-token prefill on any CPU
+    assert p.decode_step_s(1) < p.seconds(1024)
+    f = tmp_path / "calibration.json"
+    f.write_text(json.dumps(Calibration(profile=p, startup_s=1.0, dtype=None).to_dict()))
+    assert load_calibration(f, None).profile == p
+    print(f"\ncalibration: 256 / 1024 tokens {p.points[0][1]:.2f} / {p.points[1][1]:.2f} s; decode step "
+          f"{p.decode_step_s(1) * 1000:.0f} ms alone, {p.decode_step_s(DECODE_BATCH) * 1000:.0f} ms with {DECODE_BATCH}")

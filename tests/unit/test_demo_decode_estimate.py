@@ -1,0 +1,108 @@
+"""The decode term of the companion demo's estimate: the calibration times a decode step with 1 and
+DECODE_BATCH requests, and a live-history turn's estimate grows by the tokens it generates x that
+step at the run's users / users. Without it, the live demo ran 1.25-1.46x its estimate (session 7)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from kvtier.demo import companion
+from kvtier.demo.calibrate import (DECODE_BATCH, DECODE_TOKENS, Calibration, CalibrationError, fit_profile,
+                                   load_calibration, measure_profile, server_decode_timer)
+from kvtier.demo.sizing import SLACK, TurnFacts, WorkloadFacts, config_seconds, estimate, size_companion
+
+
+def profile(decode=((1, 0.05), (4, 0.08))):
+    return dataclasses.replace(fit_profile([(256, 1.0), (1024, 1.0 + 1e-9)]), decode_points=tuple(decode))
+
+
+def test_decode_step_is_the_line_through_the_measured_points():
+    p = profile()
+    assert p.decode_step_s(1) == pytest.approx(0.05) and p.decode_step_s(4) == pytest.approx(0.08)
+    assert p.decode_step_s(6) == pytest.approx(0.10)                 # 0.05 + 0.01 per extra request
+    assert profile(((1, 0.05),)).decode_step_s(6) == pytest.approx(0.05)
+    assert profile(((1, 0.05), (4, 0.04))).decode_step_s(6) == pytest.approx(0.05)   # never below one alone
+    assert profile(()).decode_step_s(6) == 0.0                       # older calibrations: no term
+
+
+def test_calibration_measures_decode_at_one_and_a_batch():
+    asked: list[int] = []
+
+    def time_decode(n: int) -> float:
+        asked.append(n)
+        return 0.05 + 0.01 * (n - 1)
+
+    p = measure_profile(lambda n: 0.1 + n / 1000, (256, 512), budget_s=60, time_decode=time_decode)
+    assert asked == [1, DECODE_BATCH] and p.decode_points == ((1, 0.05), (DECODE_BATCH, 0.05 + 0.01 * (DECODE_BATCH - 1)))
+    assert measure_profile(lambda n: 0.1 + n / 1000, (256, 512), budget_s=60).decode_points == ()
+    with pytest.raises(CalibrationError, match="decode step"):
+        measure_profile(lambda n: 0.1 + n / 1000, (256, 512), time_decode=lambda n: 0.0)
+
+
+def test_decode_points_round_trip_and_older_files_load(tmp_path):
+    cal = Calibration(profile=profile(), startup_s=40.0, dtype="float32")
+    f = tmp_path / "calibration.json"
+    f.write_text(json.dumps(cal.to_dict()))
+    back = load_calibration(f, "float32")
+    assert back.profile.decode_points == ((1, 0.05), (4, 0.08))
+    d = cal.to_dict()
+    p = d["profile"]
+    assert p["decode_step_1_s"] == pytest.approx(0.05) and p[f"decode_step_{DECODE_BATCH}_s"] == pytest.approx(0.08)
+    del d["profile"]["decode_points"]
+    f.write_text(json.dumps(d))
+    assert load_calibration(f, "float32").profile.decode_points == ()
+
+
+def one_turn_facts(out_tokens: int) -> WorkloadFacts:
+    return WorkloadFacts(requests=1, prompt_tokens=256, ideal_hit_tokens=0, think_s=0.0, max_prompt_tokens=256,
+                         conversations=((TurnFacts(256, 0, 0.0, out_tokens),),))
+
+
+def test_a_live_turn_pays_its_own_decode_and_a_workload_turn_the_fixed_max_tokens():
+    p = profile()
+    base = config_seconds(p, one_turn_facts(0), users=1, think_time_scale=1.0, hit_share=1.0)
+    live = config_seconds(p, one_turn_facts(50), users=1, think_time_scale=1.0, hit_share=1.0)
+    assert live - base == pytest.approx(SLACK * 50 * 0.05)
+    fixed = config_seconds(p, one_turn_facts(50), users=1, think_time_scale=1.0, hit_share=1.0, out_tokens=4)
+    assert fixed - base == pytest.approx(SLACK * 4 * 0.05)
+    # six users decoding together: each token costs the 6-request step / 6 of the engine
+    six = WorkloadFacts(requests=6, prompt_tokens=6 * 256, ideal_hit_tokens=0, think_s=0.0, max_prompt_tokens=256,
+                        conversations=tuple((TurnFacts(256, 0, 0.0, 50),) for _ in range(6)))
+    no_decode = dataclasses.replace(six, conversations=tuple((TurnFacts(256, 0, 0.0, 0),) for _ in range(6)))
+    extra = (config_seconds(p, six, users=6, think_time_scale=1.0, hit_share=1.0)
+             - config_seconds(p, no_decode, users=6, think_time_scale=1.0, hit_share=1.0))
+    assert extra == pytest.approx(SLACK * 6 * 50 * p.decode_step_s(6) / 6)
+
+
+def fake_facts(size) -> WorkloadFacts:
+    convs = tuple(tuple(TurnFacts(size.system_tokens + 200 * k, (size.system_tokens + 200 * (k - 1)) if k else 0,
+                                  size.think_time_s if k else 0.0, size.assistant_tokens)
+                        for k in range(6)) for _ in range(size.conversations))
+    turns = [t for c in convs for t in c]
+    return WorkloadFacts(requests=len(turns), prompt_tokens=sum(t.prompt_tokens for t in turns),
+                         ideal_hit_tokens=sum(t.ideal_hit_tokens for t in turns), think_s=sum(t.think_s for t in turns),
+                         max_prompt_tokens=max(t.prompt_tokens for t in turns), conversations=convs)
+
+
+def test_sizing_with_decode_picks_a_smaller_live_run_for_the_same_target():
+    fast, slow = profile(()), profile(((1, 0.06), (4, 0.09)))
+    a = size_companion(companion.DEFAULT, fast, 40.0, 900, fake_facts)
+    b = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts)
+    assert b.size.conversations < a.size.conversations
+    assert estimate(slow, 40.0, b.size, b.facts)[0] == pytest.approx(b.estimate_s)
+    w = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts, history="workload")
+    assert w.size.conversations >= b.size.conversations     # workload history generates max_tokens (8) only
+
+
+def test_server_decode_timer_times_the_steps_after_the_first_token():
+    from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
+
+    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.05, token_delay_s=0.01)) as srv:
+        step = server_decode_timer(srv.url)(2)
+        bodies = [r.body for r in srv.state.requests]
+    assert len(bodies) == 2 and all(b["max_tokens"] == DECODE_TOKENS and b["ignore_eos"] for b in bodies)
+    assert len({tuple(b["prompt"]) for b in bodies}) == 2            # fresh prompts, nothing shared
+    assert 0.009 <= step < 0.05                                        # the token delay, not the first token's
