@@ -190,27 +190,36 @@ def random_prompt(tokens: int, seed: int, vocab: tuple[int, int] = (1000, 30000)
     return [rng.randrange(*vocab) for _ in range(tokens)]
 
 
-def server_prefill_timer(url: str, request_timeout_s: float = 600.0) -> TimePrefill:
-    """A timing function: TTFT of a fresh random token-id prompt on the server at ``url``
-    (1 output token, streaming client). Start the server with prefix caching off."""
+def _replay_fresh(url: str, prompts: Sequence[tuple[str, list[int]]], max_tokens: int, request_timeout_s: float,
+                  what: str) -> list[Any]:
+    """Send ``prompts`` ((id, token ids) each) at once, closed loop, and return their records;
+    CalibrationError naming ``what`` when the replay or any request failed."""
     from kvtier.bench.client import ClientOptions
     from kvtier.bench.replay import ReplayError, ReplayOptions, replay_conversations
     from kvtier.workload.format import Conversation, Turn
 
+    convs = [Conversation(id=cid, turns=[Turn(prompt_token_ids=ids, max_tokens=max_tokens)]) for cid, ids in prompts]
+    opts = ReplayOptions(mode="closed", concurrency=len(convs), progress=False,
+                         client=ClientOptions(request_timeout_s=request_timeout_s))
+    try:
+        recs = asyncio.run(replay_conversations(convs, url, opts)).records
+    except ReplayError as e:
+        raise CalibrationError(f"{what} failed: {e}") from None
+    for rec in recs:
+        if rec.error_kind or rec.ttft_s is None:
+            raise CalibrationError(f"{what} failed: {rec.error_kind}: {rec.error}")
+    return recs
+
+
+def server_prefill_timer(url: str, request_timeout_s: float = 600.0) -> TimePrefill:
+    """A timing function: TTFT of a fresh random token-id prompt on the server at ``url``
+    (1 output token, streaming client). Start the server with prefix caching off."""
     calls = {"n": 0}
 
     def time_prefill(tokens: int) -> float:
         calls["n"] += 1
-        conv = Conversation(id=f"calibrate-{calls['n']}", turns=[Turn(
-            prompt_token_ids=random_prompt(tokens, seed=calls["n"]), max_tokens=1)])
-        opts = ReplayOptions(mode="closed", concurrency=1, progress=False,
-                             client=ClientOptions(request_timeout_s=request_timeout_s))
-        try:
-            rec = asyncio.run(replay_conversations([conv], url, opts)).records[0]
-        except ReplayError as e:
-            raise CalibrationError(f"calibration request of {tokens} tokens failed: {e}") from None
-        if rec.error_kind or rec.ttft_s is None:
-            raise CalibrationError(f"calibration request of {tokens} tokens failed: {rec.error_kind}: {rec.error}")
+        rec, = _replay_fresh(url, [(f"calibrate-{calls['n']}", random_prompt(tokens, seed=calls["n"]))], 1,
+                             request_timeout_s, f"calibration request of {tokens} tokens")
         return rec.ttft_s
 
     return time_prefill
@@ -220,29 +229,20 @@ def server_decode_timer(url: str, request_timeout_s: float = 600.0) -> TimeDecod
     """A timing function: seconds per decode step while ``n`` fresh requests (``DECODE_PROMPT_TOKENS``
     random token ids each, ``DECODE_TOKENS`` generated: the client sends ``ignore_eos``) decode at once; the mean
     over the requests of (e2e - TTFT) / (tokens - 1)."""
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayError, ReplayOptions, replay_conversations
-    from kvtier.workload.format import Conversation, Turn
-
     calls = {"n": 0}
 
     def time_decode(n: int) -> float:
-        convs = []
+        prompts = []
         for _ in range(n):
             calls["n"] += 1
-            convs.append(Conversation(id=f"calibrate-decode-{calls['n']}", turns=[Turn(
-                prompt_token_ids=random_prompt(DECODE_PROMPT_TOKENS, seed=10_000 + calls["n"]),
-                max_tokens=DECODE_TOKENS)]))
-        opts = ReplayOptions(mode="closed", concurrency=n, progress=False,
-                             client=ClientOptions(request_timeout_s=request_timeout_s))
-        try:
-            recs = asyncio.run(replay_conversations(convs, url, opts)).records
-        except ReplayError as e:
-            raise CalibrationError(f"calibration decode requests ({n} at once) failed: {e}") from None
+            prompts.append((f"calibrate-decode-{calls['n']}",
+                            random_prompt(DECODE_PROMPT_TOKENS, seed=10_000 + calls["n"])))
+        recs = _replay_fresh(url, prompts, DECODE_TOKENS, request_timeout_s,
+                             f"calibration decode requests ({n} at once)")
         steps = []
         for rec in recs:
-            if rec.error_kind or rec.ttft_s is None or rec.e2e_s is None or not rec.output_tokens:
-                raise CalibrationError(f"calibration decode request failed: {rec.error_kind}: {rec.error}")
+            if rec.e2e_s is None or not rec.output_tokens:
+                raise CalibrationError(f"calibration decode request {rec.conversation_id} has no e2e time or tokens")
             if rec.output_tokens > 1:
                 steps.append((rec.e2e_s - rec.ttft_s) / (rec.output_tokens - 1))
         if not steps:

@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from kvtier.bench.slo import MIN_STEADY_ROUNDS
 from kvtier.demo.calibrate import PrefillProfile
 
 MIN_FIXED_USERS = 8
@@ -141,7 +142,6 @@ def fit_slo_size(size: Any, doc_tokens: tuple[int, ...], slo_s: float, profile: 
         steps.append(("fixed_users", u))
     steps += [("warm_questions", w) for w in range(size.warm_questions - 1, 0, -1)]
     # never fewer requests per user than a steady-state window needs (with 2, users in lockstep leave it empty)
-    from kvtier.bench.slo import MIN_STEADY_ROUNDS
     steps += [("min_requests_per_user", r) for r in range(size.min_requests_per_user - 1, MIN_STEADY_ROUNDS - 1, -1)]
     for field, value in steps:
         if e.seconds <= target_s:
