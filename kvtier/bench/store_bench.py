@@ -69,15 +69,21 @@ HEADLINE = "direct"
 
 
 # -- statistics ---------------------------------------------------------------------------
-def spread(xs: list[float], nd: int = 3) -> dict:
-    """Median, min and max of one figure's per-round values."""
-    return {"median": round(statistics.median(xs), nd), "min": round(min(xs), nd), "max": round(max(xs), nd)}
+def sig(x: float, digits: int = 4) -> float:
+    """`x` to `digits` significant figures: a slow medium's 0.0123 GB/s keeps its digits (3 decimals
+    kept one or two, and a per-round ratio recomputed from them was off by several percent)."""
+    return float(f"{x:.{digits}g}")
+
+
+def spread(xs: list[float]) -> dict:
+    """Median, min and max of one figure's per-round values (4 significant figures)."""
+    return {"median": sig(statistics.median(xs)), "min": sig(min(xs)), "max": sig(max(xs))}
 
 
 def ratio_stats(num: list[float], den: list[float]) -> dict:
     """Per-round ratios num[i]/den[i]: their median, min and max, and the ratio of the medians."""
     rs = [a / b for a, b in zip(num, den, strict=True)]
-    return {**spread(rs), "of_medians": round(statistics.median(num) / statistics.median(den), 3)}
+    return {**spread(rs), "of_medians": sig(statistics.median(num) / statistics.median(den))}
 
 
 def order(round_index: int, first: str, second: str) -> tuple[str, str]:
@@ -366,7 +372,7 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
                  "raw_write_gbps": spread(raw["raw_write_gbps"])["median"],
                  "raw_read_gbps": spread(raw["raw_read_gbps"])["median"],
                  "spread": {k: spread(v) for k, v in raw.items()},
-                 "per_round": {k: [round(x, 3) for x in v] for k, v in raw.items()}, "variants": {}}
+                 "per_round": {k: [sig(x) for x in v] for k, v in raw.items()}, "variants": {}}
     for name, t in tiers.items():
         w, rd = VARIANTS[name]
         out["variants"][name] = {
@@ -377,8 +383,8 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
             "get_vs_raw_read_same_io": ratio_stats(t["get_gbps"], same_io[rd]),
             "put_vs_raw_write": ratio_stats(t["put_gbps"], raw["raw_write_gbps"]),
             "spread": {"put_gbps": spread(t["put_gbps"]), "get_gbps": spread(t["get_gbps"])},
-            "per_round": {"put_gbps": [round(x, 3) for x in t["put_gbps"]],
-                          "get_gbps": [round(x, 3) for x in t["get_gbps"]]},
+            "per_round": {"put_gbps": [sig(x) for x in t["put_gbps"]],
+                          "get_gbps": [sig(x) for x in t["get_gbps"]]},
             "put": _lat(t["put_s"]) if t["put_s"] else {"p50_ms": None, "p99_ms": None}, "get": _lat(t["get_s"])}
         if name == "direct_async":
             qd = f"raw_write_qd{WRITER_THREADS}_gbps"
