@@ -203,7 +203,7 @@ class FakeOpenAIServer:
         server = uvicorn.Server(config)
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60          # liveness only: a niced run beside busy cores is slow
         while not server.started:
             if time.monotonic() > deadline or not thread.is_alive():
                 raise RuntimeError("fake OpenAI server did not start")

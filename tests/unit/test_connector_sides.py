@@ -374,15 +374,18 @@ def test_worker_refuses_mismatched_layout():
 
 
 class SlowStore(FakeStore):
-    def __init__(self, slow_key, delay):
+    """``slow_key``'s read blocks until ``release`` is set (at most 60 s)."""
+
+    def __init__(self, slow_key):
+        import threading
+
         super().__init__()
-        self.slow_key, self.delay = slow_key, delay
+        self.slow_key = slow_key
+        self.release = threading.Event()
 
     def get_into(self, key, out, **kw):
-        import time
-
         if key == self.slow_key:
-            time.sleep(self.delay)
+            self.release.wait(60)
         return super().get_into(key, out, **kw)
 
 
@@ -426,14 +429,18 @@ def test_worker_batch_of_loads_one_failing_others_exact():
 def test_worker_load_deadline_turns_slow_reads_into_errors():
     tokens = _prompt(800)
     kv = _kv(seed=4)
-    store = SlowStore(chunk_keys(NS, tokens)[1], delay=1.0)
+    store = SlowStore(chunk_keys(NS, tokens)[1])
     _saved_store(store, tokens, kv)
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=0.2)
+    # 3 s: chunk 0's read (on a pool thread) must make it in time on a niced run beside busy cores
+    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=3.0)
     w.register({k: torch.zeros_like(v) for k, v in kv.items()})
     s, tables = _sched(store)
     req = FakeRequest("b", tokens)
     assert _admit(s, tables, req) == 768
-    w.load(_step(s, tables, req, 32))
+    try:
+        w.load(_step(s, tables, req, 32))
+    finally:
+        store.release.set()
     assert w.take_load_errors() == set(tables("b")[2:6])
     o = w.take_worker_meta().loads["b"]
     assert o.error == "timeout" and (o.loaded_tokens, o.failed_tokens) == (256, 512)

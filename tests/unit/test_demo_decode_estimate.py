@@ -13,6 +13,7 @@ from kvtier.demo import companion
 from kvtier.demo.calibrate import (DECODE_BATCH, DECODE_TOKENS, Calibration, CalibrationError, fit_profile,
                                    load_calibration, measure_profile, server_decode_timer)
 from kvtier.demo.sizing import SLACK, TurnFacts, WorkloadFacts, config_seconds, estimate, size_companion
+from tests.unit.virtual_time import virtual_time  # noqa: F401
 
 
 def profile(decode=((1, 0.05), (4, 0.08))):
@@ -97,12 +98,13 @@ def test_sizing_with_decode_picks_a_smaller_live_run_for_the_same_target():
     assert w.size.conversations >= b.size.conversations     # workload history generates max_tokens (8) only
 
 
-def test_server_decode_timer_times_the_steps_after_the_first_token():
-    from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
+def test_server_decode_timer_times_the_steps_after_the_first_token(virtual_time):
+    from tests.unit.fake_openai_server import FakeBehavior
 
-    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.05, token_delay_s=0.01)) as srv:
+    # virtual time: the step is exactly the fake's token delay (real seconds gain scheduling delays)
+    with virtual_time.server(FakeBehavior(first_token_delay_s=0.05, token_delay_s=0.01)) as srv:
         step = server_decode_timer(srv.url)(2)
         bodies = [r.body for r in srv.state.requests]
     assert len(bodies) == 2 and all(b["max_tokens"] == DECODE_TOKENS and b["ignore_eos"] for b in bodies)
     assert len({tuple(b["prompt"]) for b in bodies}) == 2            # fresh prompts, nothing shared
-    assert 0.009 <= step < 0.05                                        # the token delay, not the first token's
+    assert step == pytest.approx(0.01, abs=1e-9)                      # the token delay, not the first token's

@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from kvtier.commands import sim_cmd
 from kvtier.workload.format import Conversation, Turn, WorkloadHeader, write_workload
+from tests.unit.virtual_time import virtual_time  # noqa: F401
 
 app = typer.Typer()
 
@@ -97,10 +98,14 @@ def test_plan_prints_curve_and_cheapest_candidate(tmp_path) -> None:
     assert r.exit_code == 2 and "--target" in r.output
 
 
-def test_calibrate_against_a_fake_server_writes_a_loadable_profile(tmp_path) -> None:
+def test_calibrate_against_a_fake_server_writes_a_loadable_profile(tmp_path, virtual_time, monkeypatch) -> None:
+    import kvtier.sim.calibrate as sim_calibrate
     from kvtier.sim.profile import load_profile
-    from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
-    with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.02, token_delay_s=0.004)) as srv:
+    from tests.unit.fake_openai_server import FakeBehavior
+    # the server probes in virtual time (tests/unit/virtual_time.py): the measured decode step is the fake's
+    # token delay, not that plus a loaded machine's scheduling delays (the RAM/disk probes keep real time)
+    monkeypatch.setattr(sim_calibrate, "make_http_client", virtual_time.http_client)
+    with virtual_time.server(FakeBehavior(first_token_delay_s=0.02, token_delay_s=0.004)) as srv:
         r = runner.invoke(app, ["calibrate", "--url", srv.url, "--out", str(tmp_path / "p.yaml"),
                                 "--lengths", "64,256", "--repeats", "1", "--decode-tokens", "6",
                                 "--probe-mib", "8", "--disk-path", str(tmp_path / "disk"),
