@@ -40,15 +40,16 @@ class RawRead:
         return self.nbytes / self.seconds if self.seconds > 0 else 0.0
 
 
-def tier_reads_in_flight(file_bytes: int, chunks_ahead: int) -> tuple[int, int]:
+def tier_reads_in_flight(file_bytes: int, chunks_ahead: int, o_direct: bool = True) -> tuple[int, int]:
     """(reads in flight, piece size) of the SSD tier loading chunk files of ``file_bytes`` with
-    ``chunks_ahead`` chunk reads in flight (the connector's ``PREFETCH_DEPTH``)."""
-    from kvtier.tiers.diskio import PIECE, PIPELINE_MIN, _groups
+    ``chunks_ahead`` chunk reads in flight (the connector's ``PREFETCH_DEPTH``): the read system
+    calls ``read_chunk_file`` issues per chunk (``diskio.read_plan``: header, 2 MiB pieces and tail,
+    grouped), all in flight together, times ``chunks_ahead``; the piece splits the file evenly."""
+    from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE
+    from kvtier.tiers.diskio import read_plan
 
-    if file_bytes < PIPELINE_MIN:
-        return chunks_ahead, file_bytes
-    pieces = -(-file_bytes // PIECE)
-    return chunks_ahead * len(_groups(pieces)), PIECE
+    per_chunk = len(read_plan(file_bytes - HEADER_SIZE - TRAILER_SIZE, o_direct))
+    return chunks_ahead * per_chunk, -(-file_bytes // per_chunk)
 
 
 def _aligned(n: int) -> mmap.mmap:

@@ -17,6 +17,13 @@ Per model chunk size (default model: 23,040 B/token x 256 tokens; 7B-class: 57,3
   (``rawread.best_raw_read``: fresh files, the same pieces in flight as ``get_into``, O_DIRECT
   for the O_DIRECT variants, buffered from evicted files for the buffered ones):
   ``get_vs_raw_read_same_io``. A ratio above 1 there means the baseline was not a ceiling.
+  The headline variant's get is also timed against raw O_DIRECT reads of the SAME chunk files
+  (open, one ``preadv`` of the whole file, close; no checksum) and against its own reads issued
+  as one ``preadv`` per chunk (checksum after it), the three passes in rotating order:
+  ``get_vs_raw_read_same_files`` separates what the tier's read path costs from what the files'
+  placement costs (chunk files are many extents in many directories, the raw file one), and
+  ``layout`` says how contiguous the chunk files were (FIEMAP). ``verify``: the checksum's
+  speed on one core (the ceiling of a verified read when nothing overlaps).
 * lookup: ``TieredStore.lookup`` of a 32K-token prompt (128 chunks) held on disk and in RAM,
   with warm metadata (median of repeated lookups) and cold metadata (the first lookup after the
   store is reopened with the kernel's dentry/inode caches dropped: ``/proc/sys/vm/drop_caches``
@@ -51,6 +58,8 @@ from kvtier.compute import kv_bytes
 from kvtier.config import StoreConfig
 from kvtier.keys import Namespace, chunk_keys
 from kvtier.metrics import Telemetry
+from kvtier.bench.disk_attribution import fig, attribution_markdown, file_layout, raw_read_files, verify_speed
+from kvtier.tiers import diskio
 from kvtier.tiers.diskio import ALIGN, open_direct
 from kvtier.tiers.disk import DiskTier
 from kvtier.tiers.memory import MemoryTier
@@ -252,7 +261,7 @@ def raw_read_same_io(path: Path, chunk: int, n: int, o_direct: bool) -> float:
     from kvtier.chunk import file_size
 
     fbytes = file_size(chunk)
-    inflight, piece = tier_reads_in_flight(fbytes, 1)
+    inflight, piece = tier_reads_in_flight(fbytes, 1, o_direct)
     r = best_raw_read(path / "raw-same-io", fbytes, n, inflight, piece, tries=1, o_direct=o_direct)
     os.sync()
     return r.bytes_per_s / GB
@@ -286,10 +295,15 @@ def raw_write_parallel(path: Path, chunk: int, n: int, buf: memoryview, threads:
 
 
 def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bool | None = None,
-               src: memoryview | None = None, asynchronous: bool = False) -> dict:
+               src: memoryview | None = None, asynchronous: bool = False, same_files: bool = False,
+               round_index: int = 0) -> dict:
     """One tier pass: put every chunk (synchronous ``DiskTier.put``, one thread; or, with
     ``asynchronous``, ``submit`` to the writer pool, the path ``TieredStore.put`` takes, and
-    ``flush``), sync, drop the files from the page cache, ``get_into`` every chunk."""
+    ``flush``), sync, drop the files from the page cache, ``get_into`` every chunk.
+
+    ``same_files`` (O_DIRECT reads only): the same files are also read raw (whole file per
+    ``preadv``, no checksum) and by ``get_into`` with one read per chunk, each pass after a page
+    cache drop, in an order that rotates with ``round_index``; plus the files' layout."""
     ns = _ns(chunk)
     _remove(path / ns.short_id())
     tier = DiskTier.open(path, ns, capacity=n * (chunk + 8192) + 2**20, o_direct=o_direct,
@@ -318,10 +332,53 @@ def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bo
         assert tier.get_into(k, out) is not None
         get_t.append(time.perf_counter() - t)
     get_wall = time.perf_counter() - t0
+    extra: dict = {}
+    if same_files and tier.o_direct_read:
+        extra = _same_files(tier, keys, out, chunk, round_index)
     tier.close()
     _remove(path / ns.short_id())
     return {"put_gbps": n * chunk / put_wall / GB, "get_gbps": n * chunk / get_wall / GB,
-            "put_s": put_t, "get_s": get_t}
+            "put_s": put_t, "get_s": get_t, **extra}
+
+
+def _same_files(tier: DiskTier, keys: list, out: memoryview, chunk: int, round_index: int) -> dict:
+    """After the timed get: the headline's attribution passes on the same chunk files (see
+    ``bench_disk``). The timed get ran first; the other passes rotate so that none of the three
+    is always first after the put (a host cache favours whichever reads second)."""
+    from kvtier.chunk import file_size
+    paths = [tier.path_of(k) for k in keys]
+    vol = len(keys) * chunk
+    rbuf = _aligned(file_size(chunk))
+
+    def tier_get() -> float:
+        t0 = time.perf_counter()
+        for k in keys:
+            assert tier.get_into(k, out) is not None
+        return time.perf_counter() - t0
+
+    def one_read() -> float:
+        old = diskio.READ_PIPELINE_MIN
+        diskio.READ_PIPELINE_MIN = 1 << 62          # one preadv per chunk, checksum after it
+        try:
+            return tier_get()
+        finally:
+            diskio.READ_PIPELINE_MIN = old
+
+    passes = {"raw_files": lambda: raw_read_files(paths, file_size(chunk), rbuf), "get_one_read": one_read,
+              "get_again": tier_get}
+    names = list(passes)
+    names = names[round_index % 3:] + names[:round_index % 3]
+    res: dict = {}
+    for name in names:
+        _drop_cache(paths)
+        c0 = time.process_time()
+        dt = passes[name]()
+        res[name] = (vol / dt / GB, (time.process_time() - c0) / (vol / GB))
+    rbuf.release()
+    return {"raw_read_same_files_gbps": res["raw_files"][0], "get_one_read_gbps": res["get_one_read"][0],
+            "get_again_gbps": res["get_again"][0], "raw_read_same_files_cpu_s_per_gb": res["raw_files"][1],
+            "get_cpu_s_per_gb": res["get_again"][1], "get_one_read_cpu_s_per_gb": res["get_one_read"][1],
+            "layout": file_layout(paths)}
 
 
 def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: list[str], log=print) -> dict:
@@ -333,7 +390,8 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
     raw: dict[str, list[float]] = {"raw_write_gbps": [], "raw_read_gbps": []}
     if "direct_async" in variants:
         raw[f"raw_write_qd{WRITER_THREADS}_gbps"] = []
-    tiers = {v: {"put_gbps": [], "get_gbps": [], "put_s": [], "get_s": []} for v in variants}
+    tiers: dict[str, dict[str, list]] = {v: {"put_gbps": [], "get_gbps": [], "put_s": [], "get_s": []}
+                                         for v in variants}
     same_io: dict[bool, list[float]] = {rd: [] for rd in sorted({VARIANTS[v][1] for v in variants})}
     tool = "python"
     for r in range(repeat):
@@ -352,8 +410,9 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
                 return
             w, rd = VARIANTS[name]
             res = bench_disk(path, chunk, n, o_direct=w, o_direct_read=rd, src=src,
-                             asynchronous=name == "direct_async")
+                             asynchronous=name == "direct_async", same_files=name == HEADLINE, round_index=r)
             for k, v in res.items():
+                tiers[name].setdefault(k, [])
                 tiers[name][k] += v if isinstance(v, list) else [v]
         for name in order(r, "raw", HEADLINE):
             run_pass(name)
@@ -364,10 +423,12 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
             if name not in (HEADLINE, "direct_async"):
                 run_pass(name)
         h = tiers[HEADLINE]
+        same = (f" | same files: raw {h['raw_read_same_files_gbps'][-1]:.2f} get {h['get_again_gbps'][-1]:.2f}"
+                f" one-read get {h['get_one_read_gbps'][-1]:.2f}") if h.get("raw_read_same_files_gbps") else ""
         log(f"    round {r + 1}/{repeat}: raw write {raw['raw_write_gbps'][-1]:.2f} read {raw['raw_read_gbps'][-1]:.2f}"
             f" | {HEADLINE} put {h['put_gbps'][-1]:.2f} get {h['get_gbps'][-1]:.2f} GB/s"
             + "".join(f" | {v} put {tiers[v]['put_gbps'][-1]:.2f} get {tiers[v]['get_gbps'][-1]:.2f}"
-                      for v in variants if v != HEADLINE))
+                      for v in variants if v != HEADLINE) + same)
     out: dict = {"raw_tool": tool, "chunks": n, "rounds": repeat,
                  "raw_write_gbps": spread(raw["raw_write_gbps"])["median"],
                  "raw_read_gbps": spread(raw["raw_read_gbps"])["median"],
@@ -386,11 +447,24 @@ def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: lis
             "per_round": {"put_gbps": [sig(x) for x in t["put_gbps"]],
                           "get_gbps": [sig(x) for x in t["get_gbps"]]},
             "put": _lat(t["put_s"]) if t["put_s"] else {"p50_ms": None, "p99_ms": None}, "get": _lat(t["get_s"])}
+        if t.get("raw_read_same_files_gbps"):
+            out["variants"][name].update({
+                "raw_read_same_files_gbps": spread(t["raw_read_same_files_gbps"]),
+                "get_again_gbps": spread(t["get_again_gbps"]),
+                "get_one_read_gbps": spread(t["get_one_read_gbps"]),
+                "get_vs_raw_read_same_files": ratio_stats(t["get_again_gbps"], t["raw_read_same_files_gbps"]),
+                "get_one_read_vs_raw_read_same_files": ratio_stats(t["get_one_read_gbps"],
+                                                                   t["raw_read_same_files_gbps"]),
+                "raw_read_same_files_vs_raw_read": ratio_stats(t["raw_read_same_files_gbps"], raw["raw_read_gbps"]),
+                "cpu_s_per_gb": {k: spread(t[f"{k}_cpu_s_per_gb"])
+                                 for k in ("get", "get_one_read", "raw_read_same_files")},
+                "layout_per_round": t["layout"]})
         if name == "direct_async":
             qd = f"raw_write_qd{WRITER_THREADS}_gbps"
             out[qd] = spread(raw[qd])["median"]
             out["variants"][name].update({"writer_threads": WRITER_THREADS,
                                           f"put_vs_raw_write_qd{WRITER_THREADS}": ratio_stats(t["put_gbps"], raw[qd])})
+    out["verify"] = {k: sig(v) if isinstance(v, float) else v for k, v in verify_speed(_random(chunk, 3)).items()}
     h = out["variants"][HEADLINE]
     out.update({"get_gbps": h["get_gbps"], "put_gbps": h["put_gbps"], "get_vs_raw_read": h["get_vs_raw_read"],
                 "put_vs_raw_write": h["put_vs_raw_write"], "get": h["get"], "put": h["put"], "tier": HEADLINE})
@@ -582,10 +656,6 @@ def targets(r: dict) -> dict:
     return out
 
 
-def _fig(s: dict) -> str:
-    return f"{s['median']} ({s['min']}–{s['max']})"
-
-
 def to_markdown(r: dict) -> str:
     """A human report of one run (machine, command, figures vs raw baselines and targets)."""
     m = r["machine"]
@@ -608,12 +678,12 @@ def to_markdown(r: dict) -> str:
         mb = f"{d['chunk_bytes'] / 2**20:.2f} MiB"
         me, di = d["memory"], d["disk"]
         gs, ps = me["get_vs_memcpy"], me["put_vs_memcpy"]
-        lines.append(f"| {name} | {mb} | memory | {_fig(me['spread']['get_gbps'])} | memcpy "
-                     f"{_fig(me['spread']['memcpy_gbps'])} | **{_fig(gs)}** [{gs['of_medians']}] (≥0.5) | "
-                     f"{_fig(me['spread']['put_gbps'])} | memcpy {_fig(me['spread']['memcpy_put_gbps'])} | "
-                     f"{_fig(ps)} [{ps['of_medians']}] | {me['get']['p50_ms']}/{me['get']['p99_ms']} | "
+        lines.append(f"| {name} | {mb} | memory | {fig(me['spread']['get_gbps'])} | memcpy "
+                     f"{fig(me['spread']['memcpy_gbps'])} | **{fig(gs)}** [{gs['of_medians']}] (≥0.5) | "
+                     f"{fig(me['spread']['put_gbps'])} | memcpy {fig(me['spread']['memcpy_put_gbps'])} | "
+                     f"{fig(ps)} [{ps['of_medians']}] | {me['get']['p50_ms']}/{me['get']['p99_ms']} | "
                      f"{me['put']['p50_ms']}/{me['put']['p99_ms']} |")
-        rr, rw = _fig(di["spread"]["raw_read_gbps"]), _fig(di["spread"]["raw_write_gbps"])
+        rr, rw = fig(di["spread"]["raw_read_gbps"]), fig(di["spread"]["raw_write_gbps"])
         for v, t in di["variants"].items():
             g, p = t["get_vs_raw_read"], t["put_vs_raw_write"]
             head = v == r.get("headline_variant", HEADLINE)
@@ -622,9 +692,9 @@ def to_markdown(r: dict) -> str:
                      "buffered": "disk (buffered)"}.get(v, v)
             gt, pt = (" (≥0.9)", " (≥0.8)") if head else ("", "")
             b = "**" if head else ""
-            lines.append(f"| {name} | {mb} | {label} | {_fig(t['spread']['get_gbps'])} | raw read {rr} | "
-                         f"{b}{_fig(g)}{b} [{g['of_medians']}]{gt} | {_fig(t['spread']['put_gbps'])} | raw write {rw} | "
-                         f"{b}{_fig(p)}{b} [{p['of_medians']}]{pt} | {t['get']['p50_ms']}/{t['get']['p99_ms']} | "
+            lines.append(f"| {name} | {mb} | {label} | {fig(t['spread']['get_gbps'])} | raw read {rr} | "
+                         f"{b}{fig(g)}{b} [{g['of_medians']}]{gt} | {fig(t['spread']['put_gbps'])} | raw write {rw} | "
+                         f"{b}{fig(p)}{b} [{p['of_medians']}]{pt} | {t['get']['p50_ms']}/{t['get']['p99_ms']} | "
                          f"{t['put']['p50_ms'] or '–'}/{t['put']['p99_ms'] or '–'} |")
     for name, d in r["models"].items():
         t = d["disk"]["variants"].get("direct_async")
@@ -632,15 +702,16 @@ def to_markdown(r: dict) -> str:
             q = t[f"put_vs_raw_write_qd{WRITER_THREADS}"]
             lines += ["", f"{name}: put through the writer pool ({WRITER_THREADS} threads, `submit` + `flush`, the path "
                       f"`TieredStore.put` takes) vs raw O_DIRECT writes at the same concurrency ({WRITER_THREADS} "
-                      f"threads, own file each: {_fig(d['disk']['spread'][f'raw_write_qd{WRITER_THREADS}_gbps'])} GB/s):"
-                      f" {_fig(q)} [{q['of_medians']}]."]
+                      f"threads, own file each: {fig(d['disk']['spread'][f'raw_write_qd{WRITER_THREADS}_gbps'])} GB/s):"
+                      f" {fig(q)} [{q['of_medians']}]."]
     lines += ["", "Raw reads at the tier's own concurrency and read mode (fresh files, `get_into`'s pieces in "
               "flight, no checksum) against each variant's get (a ratio above 1: that baseline was no ceiling):", ""]
     for name, d in r["models"].items():
         for v, t in d["disk"]["variants"].items():
             if "get_vs_raw_read_same_io" in t:
-                lines.append(f"* {name} {v}: raw {_fig(t['raw_read_same_io_gbps'])} GB/s, get ratio "
-                             f"{_fig(t['get_vs_raw_read_same_io'])} [{t['get_vs_raw_read_same_io']['of_medians']}]")
+                lines.append(f"* {name} {v}: raw {fig(t['raw_read_same_io_gbps'])} GB/s, get ratio "
+                             f"{fig(t['get_vs_raw_read_same_io'])} [{t['get_vs_raw_read_same_io']['of_medians']}]")
+    lines += attribution_markdown(r, HEADLINE)
     if m.get("virtual_disk_note"):
         lines += ["", f"Note: {m['virtual_disk_note']}."]
     lines += ["", "Per-round figures (GB/s; raw read/write, then O_DIRECT tier get/put):", ""]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import itertools
 import mmap
 import os
 import threading
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 ALIGN = 4096
 PIECE = 2 << 20             # read granularity when hashing overlaps the reads
 PIPELINE_MIN = 4 << 20      # payloads at least this large overlap I/O and checksumming
+READ_PIPELINE_MIN = PIPELINE_MIN   # the same threshold for reads alone (a benchmark may A/B one read per chunk)
 PREALLOCATE_MIN = 1 << 20   # O_DIRECT chunk files at least this large get their exact blocks reserved first
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -87,11 +89,13 @@ def _writev_all(fd: int, parts: list[memoryview]) -> None:
             parts[0] = parts[0][n:]
 
 
-def _preadv_all(fd: int, parts: list[memoryview], offset: int) -> int:
-    """Fill ``parts`` from ``offset``; returns bytes read (short only at end of file)."""
+def _preadv_all(fd: int, parts: list[memoryview], offset: int, end: int | None = None) -> int:
+    """Fill ``parts`` from ``offset``; returns bytes read (short only at end of file). ``end``: the
+    file's size when known: a read that reached it stops there instead of probing the end of file
+    with one more system call (an O_DIRECT tail part is padded to 4 KiB past the file's end)."""
     parts = [p for p in parts if len(p)]
     total = 0
-    while parts:
+    while parts and (end is None or offset < end):
         n = os.preadv(fd, parts, offset)
         if n == 0:
             break
@@ -106,8 +110,8 @@ def _preadv_all(fd: int, parts: list[memoryview], offset: int) -> int:
 
 
 def _io_pool() -> ThreadPoolExecutor:
-    """Helper threads that run a chunk's syscalls while the caller hashes (xxhash holds the GIL,
-    preadv/writev release it), so checksumming overlaps the device time. Sized for a few
+    """Helper threads that run a chunk's syscalls while the caller hashes (preadv/writev and
+    xxhash's update all release the GIL), so checksumming overlaps the device time. Sized for a few
     concurrent readers with all pieces of a 14 MiB chunk in flight each."""
     global _POOL
     if _POOL is None:
@@ -214,18 +218,35 @@ def _groups(n: int) -> list[range]:
     return [range(0, 2), *(range(i, i + 1) for i in range(2, n - 2)), range(n - 2, n)]
 
 
-def _read_and_hash(fd: int, parts: list[memoryview], nhash: int) -> tuple[int, "Hasher | None"]:
+def read_plan(payload_len: int, direct: bool) -> list[int]:
+    """Bytes of each read system call ``read_chunk_file`` issues for one chunk of ``payload_len``
+    payload bytes into a 4 KiB-aligned buffer (several: all in flight together). The tier's own
+    reads in flight, for a raw baseline that is to match them."""
+    body = payload_len // ALIGN * ALIGN
+    if direct and not body:
+        return [_round_up(HEADER_SIZE + payload_len + TRAILER_SIZE)]     # one bounce read
+    hashed = body if direct else payload_len
+    tail = _round_up(payload_len - body + TRAILER_SIZE) if direct else TRAILER_SIZE
+    lens = [HEADER_SIZE, *(min(PIECE, hashed - i) for i in range(0, hashed, PIECE)), tail]
+    if hashed < READ_PIPELINE_MIN:
+        return [sum(lens)]
+    return [sum(lens[i] for i in g) for g in _groups(len(lens))]
+
+
+def _read_and_hash(fd: int, parts: list[memoryview], nhash: int,
+                   end: int | None = None) -> tuple[int, "Hasher | None"]:
     """Read ``parts`` (consecutive, from offset 0; ``parts[0]`` is the header region); hash the
     first ``nhash``. Returns (bytes read, the running digest state — xxh3-128, or the keyed MAC
-    for a signed header — or None if a hashed part came up short).
+    for a signed header — or None if a hashed part came up short). ``end``: the file's size.
 
-    Large reads go to the helper pool as one ``preadv`` per piece, all submitted at once:
-    the device sees them in flight together (like one big read) and this thread hashes
-    each piece as soon as it has landed, in order, so only the last piece's hash is not
-    overlapped with device time."""
+    Large reads are one ``preadv`` per piece, all issued at once: every piece but the first goes
+    to the helper pool, the first (with the header) is read by this thread itself (one thread
+    hand-off fewer per chunk; it is also the first to reach the device). The device sees them
+    in flight together (like one big read) and this thread hashes each piece as soon as it has
+    landed, in order, so only the last piece's hash is not overlapped with device time."""
     want_hashed = sum(len(p) for p in parts[:nhash])
-    if want_hashed - len(parts[0]) < PIPELINE_MIN:
-        got = _preadv_all(fd, parts, 0)
+    if want_hashed - len(parts[0]) < READ_PIPELINE_MIN:
+        got = _preadv_all(fd, parts, 0, end)
         if got < want_hashed:
             return got, None
         h = new_hasher(parts[0])      # parts[0] is the header region: it says checksum or MAC
@@ -234,15 +255,17 @@ def _read_and_hash(fd: int, parts: list[memoryview], nhash: int) -> tuple[int, "
         return got, h
     h = None
     pool = _io_pool()
-    futs, off = [], 0
-    for group in _groups(len(parts)):
+    groups = _groups(len(parts))
+    futs, off = [], sum(len(parts[i]) for i in groups[0])
+    for group in groups[1:]:
         views = [parts[i] for i in group]
-        futs.append((group, pool.submit(_preadv_all, fd, views, off)))
+        futs.append((group, pool.submit(_preadv_all, fd, views, off, end)))
         off += sum(len(v) for v in views)
     got, complete, short = 0, True, False
     try:
-        for group, fut in futs:
-            n = fut.result()
+        first = _preadv_all(fd, [parts[i] for i in groups[0]], 0, end)
+        landed = itertools.chain([(groups[0], first)], ((g, f.result()) for g, f in futs))
+        for group, n in landed:
             if short:
                 continue
             got += n
@@ -301,7 +324,7 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
             hdr = scratch[:HEADER_SIZE]
             tail = scratch[HEADER_SIZE:HEADER_SIZE + _round_up(rest + TRAILER_SIZE)]
             parts = [hdr, *_pieces(dst[:body]), tail]
-            got, h = _read_and_hash(fd, parts, len(parts) - 1)
+            got, h = _read_and_hash(fd, parts, len(parts) - 1, end=size)
             got = min(got, size)
             dst[body:] = tail[:rest]
             trl = tail[rest:rest + TRAILER_SIZE]
@@ -310,7 +333,7 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
             digest = h.digest() if h is not None else None
         else:
             big = _bounce(_round_up(size))
-            got = min(_preadv_all(fd, [big[:_round_up(size)]], 0), size)
+            got = min(_preadv_all(fd, [big[:_round_up(size)]], 0, size), size)
             hdr = big[:HEADER_SIZE]
             dst[:] = big[HEADER_SIZE:HEADER_SIZE + plen]
             trl = big[HEADER_SIZE + plen:size]

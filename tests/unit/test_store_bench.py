@@ -11,7 +11,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvtier.bench import store_bench
+from kvtier.bench import disk_attribution, store_bench
 from kvtier.bench.store_bench import order, ratio_stats, spread
 
 
@@ -72,6 +72,13 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
         for v in store_bench.VARIANTS:     # a raw baseline at the tier's own concurrency and read mode
             t = d["variants"][v]
             assert t["raw_read_same_io_gbps"]["median"] > 0 and t["get_vs_raw_read_same_io"]["median"] > 0
+        h = d["variants"][store_bench.HEADLINE]   # the same chunk files read raw / by get / one read per chunk
+        for k in ("raw_read_same_files_gbps", "get_again_gbps", "get_one_read_gbps"):
+            assert len(h["per_round"]["get_gbps"]) == 3 and h[k]["median"] > 0, k
+        assert h["get_vs_raw_read_same_files"]["median"] > 0 and len(h["layout_per_round"]) == 3
+        assert all(h["cpu_s_per_gb"][k]["median"] >= 0 for k in ("get", "get_one_read", "raw_read_same_files"))
+        assert "get_vs_raw_read_same_files" not in d["variants"]["buffered"]
+        assert d["verify"]["xxh3_128_gbps"] > 0 and d["verify"]["chunk_bytes"] == r["models"][name]["chunk_bytes"]
         m = r["models"][name]["memory"]
         assert m["spread"]["get_gbps"]["min"] <= m["get_gbps"] <= m["spread"]["get_gbps"]["max"]
     assert set(r["targets"]) >= {"default.disk_get", "7b.disk_put", "default.memory_get", "lookup_ms_128_chunks"}
@@ -80,6 +87,43 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
     assert "| 7b |" in md and "median" in md and ("MISSED" in md or ": met" in md)
     assert not (tmp_path / "raw.bin").exists() and not list((tmp_path / "raw-same-io").iterdir())
     assert "NOT dropped" in md and "tier's own concurrency" in md
+    assert "the same chunk files read three ways" in md and "xxh3-128" in md
+
+
+def test_raw_same_io_matches_the_tiers_reads_in_flight(tmp_path: Path, monkeypatch) -> None:
+    """The same-io baseline runs as many reads in flight as get_into issues per chunk (header +
+    pieces + tail: 3 for the default 5.6 MiB chunk), not the file's 2 MiB pieces alone (1)."""
+    from kvtier.bench import rawread
+    from kvtier.tiers import diskio
+    seen = {}
+
+    def fake(directory, file_bytes, files, reads_in_flight, piece_bytes, tries=3, o_direct=True):
+        seen.update(inflight=reads_in_flight, piece=piece_bytes, fbytes=file_bytes)
+        return rawread.RawRead(1.0, file_bytes * files, files, reads_in_flight, piece_bytes, o_direct, tries)
+    monkeypatch.setattr(rawread, "best_raw_read", fake)
+    chunk = 23_040 * 256
+    store_bench.raw_read_same_io(tmp_path, chunk, 2, o_direct=True)
+    assert seen["inflight"] == len(diskio.read_plan(chunk, True)) == 3
+    assert -(-seen["fbytes"] // seen["piece"]) == 3          # the file in 3 pieces, one per read
+
+
+def test_file_layout_of_written_files(tmp_path: Path) -> None:
+    paths = []
+    for i in range(3):
+        p = tmp_path / f"f{i}"
+        p.write_bytes(os.urandom(3 * 4096))
+        paths.append(str(p))
+    os.sync()
+    lay = disk_attribution.file_layout(paths)
+    if lay is None:                       # FIEMAP unsupported here (e.g. tmpfs, some containers)
+        return
+    assert lay["files"] == 3 and lay["extents"] >= 3 and 0 <= lay["breaks"] <= 2 and lay["span_mib"] >= 0
+
+
+def test_verify_speed_reports_the_checksums() -> None:
+    v = disk_attribution.verify_speed(memoryview(os.urandom(1 << 20)), reps=2)
+    assert v["xxh3_128_gbps"] > 0 and v["chunk_bytes"] == 1 << 20
+    assert v["blake3_mac_gbps"] is None or v["blake3_mac_gbps"] > 0
 
 
 def test_buffered_puts_are_timed_until_written_back(tmp_path: Path, monkeypatch) -> None:
