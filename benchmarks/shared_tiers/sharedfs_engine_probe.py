@@ -93,7 +93,7 @@ def main() -> int:
 
     from kvtier.bench.shared_seed import SharedTarget, evict, reader_config, seed_shared
     from kvtier.config import deep_merge
-    from kvtier.demo.longdoc import DEMO_CHUNK_TOKENS, _counters, _metrics_port, _one, _warm_up
+    from kvtier.demo.longdoc import DEMO_CHUNK_TOKENS, _metrics_port, _one, _scrape, _warm_up
     from kvtier.compute import choose_dtype
     from kvtier.demo.common import model_facts
     from kvtier.model import ensure_model
@@ -136,21 +136,18 @@ def main() -> int:
                 sampler = StatsSampler(mount_b.path)
                 dumps: list[str] = []
                 if a.pyspy and wpid:
-                    def spy() -> None:
-                        for at in (1.5, 3.0):
-                            time.sleep(at - (0 if not dumps else 1.5))
-                            r = subprocess.run([str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", str(wpid)], capture_output=True,
-                                               text=True, timeout=30)
+                    def spy(t0: float = time.monotonic()) -> None:
+                        for at in (1.5, 3.0):          # seconds into the request
+                            time.sleep(max(0.0, t0 + at - time.monotonic()))
+                            r = subprocess.run([str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", str(wpid)],
+                                               capture_output=True, text=True, timeout=30)
                             dumps.append(f"--- {at} s\n{r.stdout}{r.stderr}")
                     threading.Thread(target=spy, daemon=True).start()
-                _, read0 = _counters(port)
                 rec, admitted, read = _one(s.base_url, qs[SHARED_COLUMN], port)
                 jfs = sampler.stop()
                 after = threads_cpu(server_pids + jfs_pids)
                 cpu = {k: round(v - before.get(k, 0.0), 2) for k, v in after.items() if v - before.get(k, 0.0) >= 0.05}
-                import httpx
-                m = httpx.get(f"http://127.0.0.1:{port + 1}/metrics", timeout=10).text
-                get_s = [ln for ln in m.splitlines() if ln.startswith('kvtier_store_get_seconds_sum{tier="sharedfs"}')]
+                get_s = _scrape(f"http://127.0.0.1:{port + 1}/metrics", "kvtier_store_get_seconds_sum").get("sharedfs")
                 row = {"doc": doc, "ttft_s": round(rec.ttft_s, 3), "cached_tokens": rec.cached_tokens,
                        "chunks_read": read, "admitted": admitted, "sharedfs_get_seconds_sum_total": get_s,
                        "juicefs": jfs, "cpu_s": dict(sorted(cpu.items(), key=lambda kv_: -kv_[1])),
