@@ -13,7 +13,8 @@ runs, so one pass takes ~1.5 minutes instead of the demo's ~10.
 Per document, besides TTFT and the demo's hit checks: the worker's shared-FS read seconds
 (kvtier metrics), the JuiceFS client's own gauges while it loads (``<mount>/.stats``: read buffer,
 RSS), CPU seconds of every thread of the server's processes and of the JuiceFS client (from
-/proc), and, with ``--pyspy``, ``py-spy dump`` of the worker 1.5 s and 3 s into the request.
+/proc), and, with ``--pyspy`` (needs ``.venv/bin/pip install py-spy``; set-up does not install it), ``py-spy dump``
+of the worker 1.5 s and 3 s into the request.
 Side effects: its own services and server in a temp dir; nothing else.
 """
 
@@ -90,6 +91,10 @@ def main() -> int:
     ap.add_argument("--pyspy", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
+    pyspy = Path(sys.executable).parent / "py-spy"
+    if a.pyspy and not pyspy.exists():
+        print(f"--pyspy: {pyspy} not found (.venv/bin/pip install py-spy)", file=sys.stderr)
+        return 2
 
     from kvtier.bench.shared_seed import SharedTarget, evict, reader_config, seed_shared
     from kvtier.config import deep_merge
@@ -139,7 +144,7 @@ def main() -> int:
                     def spy(t0: float = time.monotonic()) -> None:
                         for at in (1.5, 3.0):          # seconds into the request
                             time.sleep(max(0.0, t0 + at - time.monotonic()))
-                            r = subprocess.run([str(Path(sys.executable).parent / "py-spy"), "dump", "--pid", str(wpid)],
+                            r = subprocess.run([str(pyspy), "dump", "--pid", str(wpid)],
                                                capture_output=True, text=True, timeout=30)
                             dumps.append(f"--- {at} s\n{r.stdout}{r.stderr}")
                     threading.Thread(target=spy, daemon=True).start()
