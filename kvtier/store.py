@@ -206,12 +206,15 @@ class TieredStore:
     # -- reads ---------------------------------------------------------------------------------
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview | bytearray],
                   deadline: Deadline | None = None, *, promote: bool | None = None,
-                  local_only: bool = False) -> list[ReadResult]:
+                  local_only: bool = False, lent: bool = False) -> list[ReadResult]:
         """Read each key into its buffer, trying tiers top-down (one batched call per tier for the
         keys still unanswered). Per key: HIT (verified bytes in the buffer), MISS (no tier has it),
         UNAVAILABLE (a tier that might have it did not answer in time). ``promote``: copy hits from
         lower tiers into the local tiers above now (default ``promote_on_hit``). ``local_only``:
-        never ask a shared tier (a synchronous load must not wait on the network)."""
+        never ask a shared tier (a synchronous load must not wait on the network). ``lent``: the
+        caller never reuses a buffer whose result is not HIT (``Tier.read_into``); only the last
+        tier is read with ``lent`` (a late write from a tier above could otherwise land on a hit
+        that a tier below put into the same buffer)."""
         deadline = deadline or Deadline.never()
         views = [as_byte_view(o, writable=True) for o in outs]
         results: list[ReadResult] = [ReadResult.miss() for _ in keys]
@@ -223,7 +226,8 @@ class TieredStore:
             if local_only and not tier.capabilities.complete_index:
                 continue
             try:
-                got = tier.read_into([keys[i] for i in todo], [views[i] for i in todo], deadline)
+                got = tier.read_into([keys[i] for i in todo], [views[i] for i in todo], deadline,
+                                     lent=lent and ti == len(self.tiers) - 1)
             except ValueError:
                 raise                    # a buffer too small: a programming error
             except Exception as e:       # a backend bug is "unavailable", never an exception upwards
@@ -253,9 +257,10 @@ class TieredStore:
         return None if meta is None else meta.payload_len
 
     def get_meta_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None,
-                      deadline: Deadline | None = None, local_only: bool = False) -> ChunkMeta | None:
+                      deadline: Deadline | None = None, local_only: bool = False,
+                      lent: bool = False) -> ChunkMeta | None:
         """Like ``get_into`` but returns the chunk's meta (shape, dtype, tokens)."""
-        return self.read_into([key], [out], deadline, promote=promote, local_only=local_only)[0].meta
+        return self.read_into([key], [out], deadline, promote=promote, local_only=local_only, lent=lent)[0].meta
 
     def get(self, key: ChunkKey) -> memoryview | None:
         """The verified payload in a fresh caller-owned buffer, or None on a miss."""

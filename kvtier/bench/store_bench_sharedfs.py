@@ -7,8 +7,9 @@ Per round, at the SAME concurrency (``threads`` callers, each with one chunk in 
 * **tier put**: each thread calls ``SharedFsTier.put`` (verified format, temp + rename, stamp);
   the leaf directories the keys land in are created before the timed pass (a populated mount
   has all of them; a fresh one pays one or two ``mkdir`` per new directory once);
-* **raw get** / **tier get**: the same files read back whole (``read_into`` per chunk, verified),
-  through ``read_dir`` — a second mount of the same volume ("the other machine", with its own
+* **raw get** / **tier get**: the same files read back whole (``read_into`` per chunk, verified,
+  with lent buffers — ``lent=True``, as the connector's async loads read: the payload goes
+  straight into the caller's buffer, no bounce copy), through ``read_dir`` — a second mount of the same volume ("the other machine", with its own
   empty client cache) when given, else the writing mount.
 
 Raw and tier passes are interleaved in blocks of ``block`` chunks (raw block, tier block, in
@@ -17,7 +18,7 @@ its throughput moves 2x within seconds — hits both sides alike; a round's GB/s
 the summed block times of that side, figures are medians over rounds, ratios the median of
 per-round ratios (and of per-block ratios, ``*_vs_raw_blocks``). Per-chunk latencies (p50/p99,
 ms) are pooled over rounds. ``phases``: where one tier put / get spends its time (single thread,
-after the rounds): create + write + close + stamp, publish; open + read + verify, copy-out.
+after the rounds): create + write + close + stamp, publish; open + read + verify (into the caller's buffer, as a lent read).
 Keys: ``get_gbps put_gbps raw_get_gbps raw_put_gbps`` (+ ``get``/``put``/``raw_get``/``raw_put``
 latencies, ``get_vs_raw``/``put_vs_raw`` ratio stats).
 """
@@ -171,7 +172,7 @@ def bench_sharedfs(write_dir: Path, read_dir: Path | None = None, *, chunk: int 
 
             def get(i: int) -> None:
                 t0 = time.perf_counter()
-                res = tr.read_into([metas[i].key], [outs[i % threads]], Deadline.after(120))[0]
+                res = tr.read_into([metas[i].key], [outs[i % threads]], Deadline.after(120), lent=True)[0]
                 if not res.ok:
                     raise RuntimeError(f"sharedfs get missed: {res}")
                 lat["get"].append(time.perf_counter() - t0)
@@ -220,8 +221,7 @@ def _phases(tw: SharedFsTier, tr: SharedFsTier | None, metas: list[ChunkMeta], p
     from kvtier.chunk import encode_header
     from kvtier.tiers import sharedfs_io as sio
 
-    t: dict[str, list[float]] = {k: [] for k in ("raw_write", "write_chunk", "publish", "raw_read", "read_verify",
-                                                 "copy_out")}
+    t: dict[str, list[float]] = {k: [] for k in ("raw_write", "write_chunk", "publish", "raw_read", "read_verify")}
     bufs = memoryview(bytearray(len(payload)))
     for j, m in enumerate(metas):
         key = bytes(reversed(m.key))             # a fresh key per sample
@@ -244,10 +244,8 @@ def _phases(tw: SharedFsTier, tr: SharedFsTier | None, metas: list[ChunkMeta], p
         t["publish"].append(t2 - t1)
         t["raw_write"].append(t3 - t2)
         t4 = time.perf_counter()
-        _, got, _ = sio.read_chunk(final, len(payload), tw._ns, key)
+        sio.read_chunk_into(final, bufs, tw._ns, key)      # as a lent read: straight into the buffer
         t5 = time.perf_counter()
-        bufs[:len(got)] = got
-        t6 = time.perf_counter()
         fd = os.open(f"{raw_dir}/phase-{j}.raw", os.O_RDONLY)
         buf, n = bufs, 0
         while n < len(payload):
@@ -258,8 +256,7 @@ def _phases(tw: SharedFsTier, tr: SharedFsTier | None, metas: list[ChunkMeta], p
         os.close(fd)
         t7 = time.perf_counter()
         t["read_verify"].append(t5 - t4)
-        t["copy_out"].append(t6 - t5)
-        t["raw_read"].append(t7 - t6)
+        t["raw_read"].append(t7 - t5)
     return {k: round(statistics.median(v) * 1e3, 3) for k, v in t.items()} | {
         "note": "through the writing mount (its client cache may hold the data it just wrote), one thread"}
 
@@ -272,7 +269,7 @@ def markdown_rows(s: dict) -> list[str]:
             "| | GB/s (median) | per chunk p50 / p99 ms |", "|---|---|---|",
             f"| sharedfs put | {s['put_gbps']} | {s['put']['p50_ms']} / {s['put']['p99_ms']} |",
             f"| raw write | {s['raw_put_gbps']} | {s['raw_put']['p50_ms']} / {s['raw_put']['p99_ms']} |",
-            f"| sharedfs get | {s['get_gbps']} | {s['get']['p50_ms']} / {s['get']['p99_ms']} |",
+            f"| sharedfs get (lent buffers) | {s['get_gbps']} | {s['get']['p50_ms']} / {s['get']['p99_ms']} |",
             f"| raw read | {s['raw_get_gbps']} | {s['raw_get']['p50_ms']} / {s['raw_get']['p99_ms']} |", "",
             f"put / raw: {s['put_vs_raw']['median']} ({s['put_vs_raw']['min']}–{s['put_vs_raw']['max']}); "
             f"get / raw: {s['get_vs_raw']['median']} ({s['get_vs_raw']['min']}–{s['get_vs_raw']['max']}) "

@@ -195,9 +195,16 @@ class Tier(ABC):
         return PrefixResult(n, Status.HIT)
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
-                  deadline: Deadline) -> list[ReadResult]:
+                  deadline: Deadline, *, lent: bool = False) -> list[ReadResult]:
         """Read each key into its buffer (verified). Keys not reached before ``deadline`` are
-        UNAVAILABLE("timeout"). Local default: ``get_into`` per key."""
+        UNAVAILABLE("timeout"). Local default: ``get_into`` per key.
+
+        ``lent=False``: no buffer is written after the call returned (a tier whose reads may
+        outlive the deadline reads into private memory and copies out while the caller waits).
+        ``lent=True``: the caller gives up every buffer whose result is not HIT (it never reads or
+        reuses it again), so a tier may read straight into the buffers and skip that copy; a late
+        read may then still write into a buffer after the call returned. Tiers whose reads always
+        end before they return ignore it."""
         results: list[ReadResult] = []
         for key, out in zip(keys, outs):
             if deadline.expired():

@@ -178,7 +178,7 @@ class FaultyTier(WrappingTier):
         return None if meta is None else (meta, buf[:meta.payload_len])
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
-                  deadline: Deadline) -> list[ReadResult]:
+                  deadline: Deadline, *, lent: bool = False) -> list[ReadResult]:
         results: list[ReadResult] = []
         for key, out in zip(keys, outs):
             if deadline.expired():

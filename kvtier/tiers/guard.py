@@ -212,21 +212,25 @@ class GuardedTier(WrappingTier):
         self._answered(res.status)
         return res
 
-    def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview], deadline: Deadline) -> list[ReadResult]:
+    def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview], deadline: Deadline, *,
+                  lent: bool = False) -> list[ReadResult]:
+        """Not ``lent``: the pool thread reads into private buffers and the caller's are filled
+        only if the call returns in time (a late answer never lands in a buffer the caller reused).
+        ``lent``: the caller's buffers go to the inner tier as they are (also ``lent``): no private
+        buffers, no copies."""
         if not keys:
             return []
         dl = deadline.cap(self.cfg.io_timeout_s)
-        # the pool thread writes into private buffers; the caller's are filled only if the call
-        # returns in time (a late answer must never land in a buffer the caller reused)
         views = [as_byte_view(o, writable=True) for o in outs]
-        scratch = [bytearray(len(v)) for v in views]
+        bufs = views if lent else [memoryview(bytearray(len(v))) for v in views]
         try:
-            res = self._call(lambda: self.inner.read_into(keys, [memoryview(b) for b in scratch], dl), dl, "read")
+            res = self._call(lambda: self.inner.read_into(keys, bufs, dl, lent=lent), dl, "read")
         except _Unavailable as e:
             return [ReadResult.unavailable(e.reason) for _ in keys]
-        for r, v, b in zip(res, views, scratch):
-            if r.ok and r.meta is not None:
-                copy_bytes(v[:r.meta.payload_len], memoryview(b)[:r.meta.payload_len])
+        if not lent:
+            for r, v, b in zip(res, views, bufs):
+                if r.ok and r.meta is not None:
+                    copy_bytes(v[:r.meta.payload_len], b[:r.meta.payload_len])
         if all(r.status is Status.UNAVAILABLE for r in res):
             self._answered(Status.UNAVAILABLE)
         return res

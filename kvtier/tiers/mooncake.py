@@ -152,7 +152,7 @@ class MooncakeTier(RemoteTier):
             self._stuck -= 1
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
-                  deadline: Deadline) -> list[ReadResult]:
+                  deadline: Deadline, *, lent: bool = False) -> list[ReadResult]:
         """Scatter reads: header+trailer into scratch, payload into the caller's buffer, then verified.
         A buffer larger than the payload costs one size query and a second read for that key."""
         n = len(keys)

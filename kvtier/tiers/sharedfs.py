@@ -202,9 +202,12 @@ class SharedFsTier(RemoteTier):
         return PrefixResult(found, Status.UNAVAILABLE)
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
-                  deadline: Deadline) -> list[ReadResult]:
+                  deadline: Deadline, *, lent: bool = False) -> list[ReadResult]:
         """Read and verify the keys in parallel into their buffers; not done by ``deadline``:
-        UNAVAILABLE("timeout") (and a late read never touches the buffer)."""
+        UNAVAILABLE("timeout"). Not ``lent``: each read lands in the thread's bounce buffer and is
+        copied out only while the caller still waits (a late read never touches the caller's
+        buffer). ``lent``: the payload is read straight into the caller's buffer (no copy); a
+        buffer whose result is not HIT may still be written after the call returned."""
         n = len(keys)
         views = [as_byte_view(o, writable=True) for o in outs]
         if self.state == DOWN:
@@ -218,6 +221,9 @@ class SharedFsTier(RemoteTier):
         def job(i: int) -> None:
             key = keys[i]
             try:
+                if lent:
+                    meta, mtimes[i] = sio.read_chunk_into(self.layout.path_of(key), views[i], self._ns, key)
+                    return b.put(i, ReadResult.hit(meta))
                 meta, payload, mtimes[i] = sio.read_chunk(self.layout.path_of(key), len(views[i]), self._ns, key)
             except (FileNotFoundError, NotADirectoryError):
                 self.stamps.drop(key)

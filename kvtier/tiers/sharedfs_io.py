@@ -6,7 +6,9 @@ local SSD tier, ``concurrent.futures`` joins its threads at interpreter exit): i
 every syscall on a ``DaemonPool`` of fixed size, so a stall holds at most that many
 threads and never blocks exit or the local tiers. Reads land in a pool-owned bounce
 buffer and are copied to the caller only while the caller still waits (a stalled read
-that completes late never writes into a buffer the caller has reused). The syscall loops and
+that completes late never writes into a buffer the caller has reused) — unless the caller
+lends its buffers (``read_into(..., lent=True)``: it never reuses one that did not come back
+a HIT), then the payload is read straight into them (``read_chunk_into``). The syscall loops and
 the per-thread bounce buffer are the local SSD tier's (``diskio``); only the threads differ.
 
 Side-effect free except the functions' documented file operations.
@@ -195,6 +197,42 @@ def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tu
         os.close(fd)
 
 
+def read_chunk_into(path: str, out: memoryview, namespace_digest: bytes, key: bytes) -> tuple[ChunkMeta, int]:
+    """Read and verify one chunk file with its payload straight into ``out`` (one scatter read:
+    header and trailer into this thread's bounce buffer, payload into ``out[:payload_len]``).
+
+    Returns (meta, mtime ns); raises as ``read_chunk`` (``out`` then holds unspecified bytes). For
+    callers that lend ``out`` (``read_into(..., lent=True)``): no copy out of a bounce buffer."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        st = os.fstat(fd)
+        size = st.st_size
+        if size < MIN_FILE:
+            raise ChunkError("torn", f"file is {size} bytes")
+        plen = size - MIN_FILE
+        check_read_size(namespace_digest, size)
+        scratch = bounce(MIN_FILE)
+        head, trailer = scratch[:HEADER_SIZE], scratch[HEADER_SIZE:MIN_FILE]
+        if plen > len(out):
+            if _preadv_all(fd, [head], 0) < HEADER_SIZE:
+                raise ChunkError("torn", "short header")
+            if decode_header(head, namespace_digest, key).payload_len != plen:
+                raise ChunkError("torn", f"file is {size} bytes, header disagrees")
+            raise ValueError(f"output buffer has {len(out)} bytes, chunk needs {plen}")
+        payload = out[:plen]
+        got = _preadv_all(fd, [head, payload, trailer], 0, end=size)
+        if got != size:
+            raise ChunkError("torn", f"read {got} of {size} bytes")
+        meta = decode_header(head, namespace_digest, key)
+        if meta.payload_len != plen:
+            raise ChunkError("torn", f"file holds {plen} payload bytes, header says {meta.payload_len}")
+        verify_digest(trailer, None)
+        verify_digest(trailer, checksum(head, payload))
+        return meta, st.st_mtime_ns
+    finally:
+        os.close(fd)
+
+
 def _load_renameat2():
     import ctypes
 
@@ -274,4 +312,4 @@ def write_chunk(tmp: str, header: bytes | bytearray, payload: memoryview, *, fsy
     os.utime(tmp, ns=(stamp_ns, stamp_ns))
 
 
-__all__ = ["Batch", "DaemonPool", "fan_out", "MIN_FILE", "bounce", "probe_write", "publish", "read_chunk", "stat_chunk", "write_chunk"]
+__all__ = ["Batch", "DaemonPool", "fan_out", "MIN_FILE", "bounce", "probe_write", "publish", "read_chunk", "read_chunk_into", "stat_chunk", "write_chunk"]

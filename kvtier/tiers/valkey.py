@@ -199,7 +199,7 @@ class ValkeyTier(RemoteTier):
         return PrefixResult(n, Status.HIT)
 
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview],
-                  deadline: Deadline) -> list[ReadResult]:
+                  deadline: Deadline, *, lent: bool = False) -> list[ReadResult]:
         """Pipelined GETRANGEs (windows of ``WINDOW_BYTES`` by buffer size), each value verified, then copied."""
         n = len(keys)
         if self._disabled:

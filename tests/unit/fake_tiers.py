@@ -60,7 +60,7 @@ class DictSharedTier(Tier):
             n += 1
         return PrefixResult(n, Status.HIT if n == len(keys) else Status.MISS)
 
-    def read_into(self, keys, outs, deadline: Deadline) -> list[ReadResult]:
+    def read_into(self, keys, outs, deadline: Deadline, *, lent: bool = False) -> list[ReadResult]:
         self._enter()
         res = []
         for k, o in zip(keys, outs):

@@ -5,6 +5,7 @@ order into the blocks, promoted in order), and an idle step waits for a load ins
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,7 +58,7 @@ class ConcurrentReads(DictSharedTier):
         self.second = threading.Event()
         self.first_waited_ok: bool | None = None
 
-    def read_into(self, keys, outs, deadline):
+    def read_into(self, keys, outs, deadline, *, lent=False):
         with self.lock:
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
@@ -71,7 +72,7 @@ class ConcurrentReads(DictSharedTier):
                 self.first_waited_ok = self.second.wait(10)
                 if not self.first_waited_ok:
                     raise ConnectionError("no second read came while the first was in flight")
-            return super().read_into(keys, outs, deadline)
+            return super().read_into(keys, outs, deadline, lent=lent)
         finally:
             with self.lock:
                 self.inflight -= 1
@@ -250,3 +251,41 @@ def test_connector_hands_the_steps_idle_flag_to_the_worker() -> None:
         c.get_finished(set())
         c.clear_connector_metadata()
     assert rec.idle == [False, True, False]
+
+
+def test_a_failed_lent_read_never_writes_into_the_next_plans_ring() -> None:
+    """The loader lends its ring buffers to the store (``read_into(lent=True)``): a read that failed
+    may still be written by a backend thread after it returned. The next plan must then read into
+    fresh buffers, so that late write can never reach a block of another request."""
+    from kvtier.integrations.vllm.async_loads import AsyncLoader
+    from kvtier.integrations.vllm.metadata import LoadChunk, LoadPlan
+
+    late: list[bytearray] = []
+    release = threading.Event()
+
+    def read(key, buf, deadline):
+        if key == b"bad":                     # fails now, and "the backend" writes 0xEE into it later
+            late.append(buf)
+            threading.Thread(target=lambda: (release.wait(10), buf.__setitem__(slice(None), b"\xee" * 8))).start()
+            return False, "timeout", None
+        buf[:] = key.ljust(8, b".")
+        return True, None, None
+
+    scattered: list[bytes] = []
+    gate = threading.Event()
+
+    def scatter(block_ids, first, buf):
+        if block_ids == (2,):
+            release.set()                     # the late write happens while plan 2 holds its buffer
+            time.sleep(0.2)
+        scattered.append(bytes(buf))
+        gate.set()
+
+    loader = AsyncLoader(read, scatter, lambda: bytearray(8), block_size=1, load_timeout_s=5, depth=1)
+    loader.submit(LoadPlan("a", 0, 1, (LoadChunk(b"bad", (1,)),), async_load=True))
+    assert loader.wait_idle(10)
+    loader.submit(LoadPlan("b", 0, 1, (LoadChunk(b"good", (2,)),), async_load=True))
+    assert loader.wait_idle(10)
+    loader.close()
+    assert scattered == [b"good...."]
+    assert loader.rings_dropped == 1 and all(late[0] is not b for b in loader.buffers)

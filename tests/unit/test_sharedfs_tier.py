@@ -18,6 +18,12 @@ from kvtier.tiers.protocol import Deadline, PrefixResult, Status, WriteItem
 from tests.unit.sharedfs_helpers import NS, P, bufs, chain, open_tier, write_all
 
 
+@pytest.fixture(params=[False, True], ids=["copy", "lent"])
+def lent(request) -> bool:
+    """read_into with the caller's buffers lent (read straight into them) or not (bounce + copy)."""
+    return request.param
+
+
 @pytest.fixture
 def tier(tmp_path):
     t = open_tier(tmp_path)
@@ -37,18 +43,18 @@ def test_capabilities_and_namespace_in_path(tier, tmp_path) -> None:
     assert (tmp_path / NS.short_id() / "namespace.json").exists()
 
 
-def test_write_then_prefix_and_read_verified(tier) -> None:
+def test_write_then_prefix_and_read_verified(tier, lent) -> None:
     items = chain(5)
     assert all(write_all(tier, items[:3]))
     keys = [m.key for m, _ in items]
     assert tier.longest_prefix(keys, Deadline.after(5)) == PrefixResult(3, Status.MISS)
     assert tier.longest_prefix(keys[:3], Deadline.after(5)).status is Status.HIT
     outs = bufs(items[:3], extra=7)
-    res = tier.read_into(keys[:3], outs, Deadline.after(5))
+    res = tier.read_into(keys[:3], outs, Deadline.after(5), lent=lent)
     assert [r.status for r in res] == [Status.HIT] * 3
     for (m, p), o, r in zip(items, outs, res):
         assert r.meta == m and bytes(o[:P]) == p
-    assert tier.read_into(keys[3:4], bufs(items[3:4]), Deadline.after(5))[0].status is Status.MISS
+    assert tier.read_into(keys[3:4], bufs(items[3:4]), Deadline.after(5), lent=lent)[0].status is Status.MISS
 
 
 def test_duplicate_writes_are_harmless(tier) -> None:
@@ -139,7 +145,7 @@ def test_concurrent_writers_threads_and_processes_same_chunks(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("damage", ["truncate", "torn_tail", "flip", "empty"])
-def test_damaged_file_is_counted_miss(tier, damage, monkeypatch) -> None:
+def test_damaged_file_is_counted_miss(tier, damage, monkeypatch, lent) -> None:
     items = chain(2)
     assert all(write_all(tier, items))
     path = tier.layout.path_of(items[1][0].key)
@@ -157,7 +163,7 @@ def test_damaged_file_is_counted_miss(tier, damage, monkeypatch) -> None:
             f.seek(5000)
             f.write(bytes([b[0] ^ 0xFF]))
     keys = [m.key for m, _ in items]
-    res = tier.read_into(keys, bufs(items), Deadline.after(5))
+    res = tier.read_into(keys, bufs(items), Deadline.after(5), lent=lent)
     assert res[0].ok and res[1].status is Status.MISS
     kind = "corrupt" if damage == "flip" else "torn"
     assert tier._tm.snapshot().get(f"events.{kind}", 0) == 1
@@ -165,24 +171,24 @@ def test_damaged_file_is_counted_miss(tier, damage, monkeypatch) -> None:
         assert tier.longest_prefix(keys, Deadline.after(5)).num_chunks == 1
     assert os.path.exists(path)                   # just renamed into place: maybe a write landing
     monkeypatch.setattr(sharedfs, "BAD_GRACE_S", 0.0)
-    assert tier.read_into(keys, bufs(items), Deadline.after(5))[1].status is Status.MISS
+    assert tier.read_into(keys, bufs(items), Deadline.after(5), lent=lent)[1].status is Status.MISS
     assert not os.path.exists(path)               # in place a while: removed, no longer claimed
     assert tier.longest_prefix(keys, Deadline.after(5)).num_chunks == 1
 
 
-def test_deleted_between_lookup_and_read(tier) -> None:
+def test_deleted_between_lookup_and_read(tier, lent) -> None:
     items = chain(3)
     assert all(write_all(tier, items))
     keys = [m.key for m, _ in items]
     assert tier.longest_prefix(keys, Deadline.after(5)).num_chunks == 3
     os.unlink(tier.layout.path_of(keys[2]))      # "the other machine" evicted it
-    res = tier.read_into(keys, bufs(items), Deadline.after(5))
+    res = tier.read_into(keys, bufs(items), Deadline.after(5), lent=lent)
     assert [r.status for r in res] == [Status.HIT, Status.HIT, Status.MISS]
     assert res[2].error == "missing"
     assert tier._tm.snapshot()["events.missing"] == 1
 
 
-def test_other_namespace_file_is_a_miss(tier, tmp_path) -> None:
+def test_other_namespace_file_is_a_miss(tier, tmp_path, lent) -> None:
     items = chain(1)
     assert all(write_all(tier, items))
     other = chain(1, seed=9)
@@ -192,15 +198,15 @@ def test_other_namespace_file_is_a_miss(tier, tmp_path) -> None:
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     with open(src, "rb") as f, open(dst, "wb") as g:
         g.write(f.read())
-    r = tier.read_into([other[0][0].key], bufs(other), Deadline.after(5))[0]
+    r = tier.read_into([other[0][0].key], bufs(other), Deadline.after(5), lent=lent)[0]
     assert r.status is Status.MISS and r.error == "wrong_key"
 
 
-def test_buffer_too_small_is_a_counted_miss(tier) -> None:
+def test_buffer_too_small_is_a_counted_miss(tier, lent) -> None:
     """What another machine wrote never raises out of the tier (tests/unit/test_security_alloc.py)."""
     items = chain(1)
     assert all(write_all(tier, items))
-    r = tier.read_into([items[0][0].key], [memoryview(bytearray(P - 1))], Deadline.after(5))[0]
+    r = tier.read_into([items[0][0].key], [memoryview(bytearray(P - 1))], Deadline.after(5), lent=lent)[0]
     assert r.status is Status.MISS and r.error == "wrong_size"
 
 
@@ -240,6 +246,35 @@ def test_slow_filesystem_lookup_and_read_honour_deadline(tier, monkeypatch) -> N
         time.sleep(0.01)
     assert bytes(outs[1]) == bytes(P)                  # the late read left the buffer alone
     assert tier._tm.snapshot()["events.timeout"] >= 2
+
+
+def test_lent_read_reads_straight_into_the_buffer_and_honours_the_deadline(tier, monkeypatch) -> None:
+    """Lent buffers: no bounce copy (the payload is read into the caller's buffer), and a stalled
+    read still returns UNAVAILABLE("timeout") at the deadline; what it writes later is the caller's
+    to ignore (a lent buffer that did not come back HIT is never reused)."""
+    items = chain(3)
+    assert all(write_all(tier, items))
+    keys = [m.key for m, _ in items]
+    copies: list[int] = []
+    monkeypatch.setattr(sharedfs, "copy_bytes", lambda dst, src: copies.append(len(dst)))
+    gate = threading.Event()
+    real = sharedfs_io.read_chunk_into
+
+    def slow_read_into(path, out, ns, key):
+        if key == keys[2]:
+            gate.wait(30)
+        return real(path, out, ns, key)
+
+    monkeypatch.setattr(sharedfs_io, "read_chunk_into", slow_read_into)
+    outs = bufs(items)
+    t0 = time.monotonic()
+    res = tier.read_into(keys, outs, Deadline.after(2.0), lent=True)
+    assert time.monotonic() - t0 < 20
+    assert [r.status for r in res] == [Status.HIT, Status.HIT, Status.UNAVAILABLE]
+    assert res[2].error == "timeout"
+    assert [bytes(o[:P]) for o in outs[:2]] == [p for _, p in items[:2]]
+    assert copies == []                                 # nothing went through a bounce buffer
+    gate.set()
 
 
 def test_missing_mount_starts_down_and_resumes(tmp_path) -> None:

@@ -165,3 +165,35 @@ def test_stats_snapshot(tmp_path: Path) -> None:
 def test_chunk_size_must_match_namespace(tmp_path: Path) -> None:
     with pytest.raises(ValueError):
         TieredStore.open(StoreConfig(), NS)
+
+
+def test_lent_reads_go_to_the_last_tier_only() -> None:
+    """``read_into(lent=True)``: only the lowest tier may read straight into the caller's buffers. A
+    tier above it that times out could still write late into a buffer that a tier below has just
+    filled with a hit; so tiers above are always asked with ``lent=False``."""
+    from kvtier.chunk import ChunkMeta
+    from kvtier.metrics import Telemetry
+    from kvtier.tiers.protocol import Deadline
+    from kvtier.tiers.registry import open_tiers
+    from tests.unit.fake_tiers import DictSharedTier
+
+    class Recording(DictSharedTier):
+        def __init__(self, name: str) -> None:
+            super().__init__()
+            self.name, self.lent = name, []
+
+        def read_into(self, keys, outs, deadline, *, lent=False):
+            self.lent.append(lent)
+            return super().read_into(keys, outs, deadline, lent=lent)
+
+    keys = chunk_keys(NS, list(range(8)))
+    upper, lower = Recording("shared_a"), Recording("shared_b")
+    lower.data[keys[0]] = (ChunkMeta(keys[0], None, 4, (P,), "uint8", P), payload(3))
+    c, tm = cfg(None), Telemetry()
+    with TieredStore.from_tiers(c, NS, open_tiers(c, NS, tm) + [upper, lower], tm) as s:
+        out = bytearray(P)
+        assert s.read_into([keys[0]], [out], Deadline.after(5), promote=False, lent=True)[0].ok
+        assert bytes(out) == payload(3)
+        assert (upper.lent, lower.lent) == ([False], [True])
+        s.read_into([keys[0]], [bytearray(P)], Deadline.after(5))
+        assert lower.lent == [True, False]

@@ -129,6 +129,32 @@ def test_late_answer_never_lands_in_the_callers_buffer(guarded) -> None:
     assert bytes(out) == b"\x01" * P
 
 
+def test_lent_buffers_go_to_the_backend_as_they_are(guarded) -> None:
+    """``lent``: the backend gets the caller's own buffers (no private copy); a stalled read still
+    answers UNAVAILABLE at the deadline, and its late write lands in the lent buffer (which the
+    caller, by lending it, gave up)."""
+    g, inner, _ = guarded
+    k = chunk_keys(NS, list(range(4)))[0]
+    inner.data[k] = (meta(k), b"\x07" * P)
+    seen: list[int] = []
+    real = inner.read_into
+
+    def spy(keys, outs, deadline, *, lent=False):
+        seen.extend(memoryview(o).obj is out for o in outs)
+        return real(keys, outs, deadline, lent=lent)
+
+    inner.read_into = spy
+    out = bytearray(P)
+    assert g.read_into([k], [out], Deadline.after(2), lent=True)[0].ok
+    assert bytes(out) == b"\x07" * P and seen == [True]
+    assert g.read_into([k], [bytearray(P)], Deadline.after(2))[0].ok and seen == [True, False]
+    inner.stall()
+    late = bytearray(P)
+    assert g.read_into([k], [late], Deadline.after(0.1), lent=True)[0].status is Status.UNAVAILABLE
+    inner.resume()
+    assert wait_for(lambda: bytes(late) == b"\x07" * P)
+
+
 def test_failing_backend_is_unavailable_and_writes_are_dropped(guarded) -> None:
     g, inner, tm = guarded
     keys = chunk_keys(NS, list(range(40)))

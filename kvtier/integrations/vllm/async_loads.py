@@ -12,7 +12,10 @@ cannot be read (miss, unavailable backend, deadline passed) ends the plan: it an
 chunk become load errors (vLLM recomputes them); reads of later chunks not yet started are
 cancelled, and if one is still running the ring and the pool are abandoned (a late read never
 lands in a buffer the next plan uses; the abandoned threads end with their reads, which the
-deadline bounds). ``take_done()`` hands back finished plans: the worker reports their request
+deadline bounds). The reads *lend* their ring buffers to the store (``read_into(lent=True)``:
+the shared tier reads straight into them, no bounce copy), so a failed read's buffer may still
+be written by a backend thread after the read returned: after any failed plan the ring is
+dropped and the next plan gets fresh buffers. ``take_done()`` hands back finished plans: the worker reports their request
 ids in ``get_finished`` (``finished_recving``) and their failed block ids in
 ``get_block_ids_with_load_errors`` in the **same** step, as vLLM requires.
 
@@ -84,6 +87,7 @@ class AsyncLoader:
         self.buffers: list[Any] = []          # the ring (loader thread only)
         self._pool: DaemonPool | None = None
         self.abandoned = 0                    # rings/pools given up on a read still running
+        self.rings_dropped = 0                # rings given up after a failed read (lent buffers)
 
     def submit(self, plan: LoadPlan) -> None:
         """Queue ``plan``; its deadline starts now."""
@@ -202,6 +206,9 @@ class AsyncLoader:
         running = [f for f in futures.values() if not f.cancel()]   # not started yet: skipped
         if any(not f.done() for f in running):
             self._abandon()
+        elif failed_at is not None:     # the reads lend the ring (``lent``): a failed one may still
+            self.buffers = []           # be written by a backend thread after it returned
+            self.rings_dropped += 1
         if failed_at is not None:
             for ch in chunks[failed_at:]:
                 done.error_blocks.update(ch.block_ids)

@@ -309,7 +309,8 @@ class WorkerSide:
         the shared tier (the loader promotes in request order, after the block copy)."""
         local = self.store.where(key) is not None
         try:
-            meta = self.store.get_meta_into(key, self._bytes(buf), promote=False, deadline=Deadline(deadline))
+            meta = self.store.get_meta_into(key, self._bytes(buf), promote=False, deadline=Deadline(deadline),
+                                            lent=True)   # the loader drops its ring after a failed read
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
             return False, "store_exception", None
