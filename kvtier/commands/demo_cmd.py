@@ -26,6 +26,9 @@ _LIGHT = typer.Option(None, "--light-users", min=0, max=64, help="Also run the t
                       "load when the sized run has more users (default 6; none with --quick; 0: none).")
 _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
                                                         "on this machine instead of measuring.")
+_STEP = typer.Option(None, "--step-tokens", min=0, max=65536, help="Engine token budget per step for every "
+                     "configuration (max_num_batched_tokens; one long prefill takes at most half of it while others "
+                     "wait). Default: sized to this machine by the calibration (~1.5 s of prefill); 0: vLLM's defaults.")
 
 
 def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, columns=None) -> None:
@@ -57,24 +60,26 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, 
 
 
 def _options(quick: bool, minutes: float | None, calibration: Path | None, users: int | None = None,
-             conversations: int | None = None, history: str = "live", light_users: int | None = None):
+             conversations: int | None = None, history: str = "live", light_users: int | None = None,
+             step_tokens: int | None = None):
     from kvtier.demo.common import DemoOptions
 
     if history not in ("live", "workload"):
         raise typer.BadParameter(f"--history must be live or workload, got {history!r}")
     return DemoOptions(quick=quick, users=users, conversations=conversations,
                        target_s=minutes * 60 if minutes is not None else None, calibration=calibration,
-                       history=history, light_users=light_users)
+                       history=history, light_users=light_users, step_tokens=step_tokens)
 
 
 @demo_app.callback()
 def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
               users: int = _USERS, conversations: int = _CONVS, dtype: str = dtype_option(), minutes: float = _MINUTES,
-              calibration: Path = _CALIBRATION, history: str = _HISTORY, light_users: int = _LIGHT) -> None:
+              calibration: Path = _CALIBRATION, history: str = _HISTORY, light_users: int = _LIGHT,
+              step_tokens: int = _STEP) -> None:
     """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo)."""
     if ctx.invoked_subcommand is None:
         _run("companion", out, json_path, _options(quick, minutes, calibration, users, conversations, history,
-                                                   light_users), dtype)
+                                                   light_users, step_tokens), dtype)
 
 
 @demo_app.command()

