@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
 from kvtier.bench.replay import ReplayOptions, replay_conversations
-from kvtier.server import ServerSpec, VllmServer
+from kvtier.server import ServerSpec, VllmServer, launch_env
 from kvtier.workload.format import Conversation, Turn
 
 pytestmark = pytest.mark.integration
@@ -35,12 +36,23 @@ def text(rng: random.Random, n_words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(n_words))
 
 
+def start_server(model: Path, tmp: Path, core: str | None) -> VllmServer:
+    """The module's server, started (a ``beside`` job, tests/integration/conftest.py: in a full run
+    it starts beside the quick-demo test, and the module's tests run on it after the demo, alone)."""
+    spec = ServerSpec(name="bench-it", model=str(model), max_model_len=4096, kv_cache_space_gib=1.0)
+    env = launch_env(spec)
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = core
+    return VllmServer.start(spec, tmp / "server.log", env=env)
+
+
 @pytest.fixture(scope="module")
-def server(bundled_model, tmp_path_factory):
-    spec = ServerSpec(name="bench-it", model=str(bundled_model), max_model_len=4096, kv_cache_space_gib=1.0)
-    log = tmp_path_factory.mktemp("vllm") / "server.log"
-    with VllmServer.start(spec, log) as srv:
+def server(beside):
+    srv = beside.result("bench_server", timeout=280)
+    try:
         yield srv
+    finally:
+        srv.stop()
 
 
 def replay(url: str, convs: list[Conversation], **kw) -> dict:

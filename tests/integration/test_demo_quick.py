@@ -7,7 +7,11 @@ The CLI runs in-process (its servers are subprocesses) with a small workload —
 machine: the three server starts are most of it. The calibration is a written file (``--calibration``,
 the path users take to reuse one): a slow machine's profile, so the token lengths come out the same
 (the smallest scale) on every CPU instead of growing on a fast one. The calibration itself runs
-against real vLLM in ``test_bench_vllm.py``; this saves its server start here."""
+against real vLLM in ``test_bench_vllm.py``; this saves its server start here.
+
+The demo starts its servers one after another, leaving a core idle: ``beside_lane``
+(tests/integration/conftest.py) runs other tests' engine jobs (the live-history server, the smoke
+probe) beside it, and waits for them before this test ends. Nothing here asserts on speed."""
 
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.mark.timeout(900)
-def test_demo_quick_serves_every_request(bundled_model, tmp_path, monkeypatch):
+def test_demo_quick_serves_every_request(bundled_model, tmp_path, monkeypatch, beside_lane):
     import typer
     from typer.testing import CliRunner
 

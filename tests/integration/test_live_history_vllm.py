@@ -10,13 +10,15 @@ token of the second turn was loaded by kvtier. One conversation of two turns, re
    tokens (``connector.save_generated``, if this checkout has it) and the reply's ids survive the
    chat template's re-encoding, it served the chunks covering the reply too. The figures are printed.
 
-Sized for a 2-core AVX2 CPU in float32: one server start and two short requests.
+Sized for a 2-core AVX2 CPU in float32: one server start and two short requests. The server part is a
+``beside`` job (tests/integration/conftest.py): in a full run it runs beside the quick-demo test.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +26,7 @@ from kvtier.bench.client import ClientOptions
 from kvtier.bench.history import sent_messages
 from kvtier.bench.replay import ReplayOptions, replay_conversations
 from kvtier.config import KvtierConfig
-from kvtier.server import ServerSpec, VllmServer
+from kvtier.server import ServerSpec, VllmServer, launch_env
 from kvtier.workload.format import Conversation, Turn
 from kvtier.workload.tokens import HFTokenizer
 
@@ -44,21 +46,34 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-@pytest.mark.timeout(240)
-def test_live_history_sends_the_real_reply_and_kvtier_serves_it(bundled_model, tmp_path):
+def _conversation() -> Conversation:
     rng = random.Random(3)
     system = "You are a helpful storyteller. Notes: " + " ".join(rng.choice(WORDS) for _ in range(150))
-    conv = Conversation(id="live0", system=system, turns=[
+    return Conversation(id="live0", system=system, turns=[
         Turn(user="Tell me a story about a lighthouse keeper.", assistant="WORKLOAD TEXT", max_tokens=120),
         Turn(user="What happened next?", think_time_s=1.0, max_tokens=4)])
-    save_generated = "save_generated" in type(KvtierConfig().connector).model_fields
+
+
+def run_live(model: Path, tmp: Path, core: str | None):
+    """The server part (a ``beside`` job, tests/integration/conftest.py): one kvtier server, the
+    conversation replayed live; returns the replay's result."""
     kv = {"store": {"chunk_size": CHUNK, "memory": {"capacity": 64 * 2**20}, "disk": {"enabled": False}}}
-    spec = ServerSpec(name="live-it", model=str(bundled_model), max_model_len=2048, kv_cache_space_gib=0.5,
+    spec = ServerSpec(name="live-it", model=str(model), max_model_len=2048, kv_cache_space_gib=0.5,
                       enable_prefix_caching=False, kvtier_config=kv)
+    env = launch_env(spec)
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = core
     opts = ReplayOptions(mode="closed", concurrency=1, history="live", progress=False,
                          client=ClientOptions(ignore_eos=False, extra_body=(("return_token_ids", True),)))
-    with VllmServer.start(spec, tmp_path / "server.log") as srv:
-        res = asyncio.run(replay_conversations([conv], srv.base_url, opts))
+    with VllmServer.start(spec, tmp / "server.log", env=env) as srv:
+        return asyncio.run(replay_conversations([_conversation()], srv.base_url, opts))
+
+
+@pytest.mark.timeout(240)
+def test_live_history_sends_the_real_reply_and_kvtier_serves_it(bundled_model, beside):
+    conv = _conversation()
+    save_generated = "save_generated" in type(KvtierConfig().connector).model_fields
+    res = beside.result("live_history", timeout=230)
     r0, r1 = sorted(res.records, key=lambda r: r.turn)
     assert r0.ok and r1.ok, (r0.error, r1.error)
     assert r0.reply and r0.history == r1.history == "live"
