@@ -13,8 +13,10 @@ ROLE is one of
              reader's peer (--peer-sync DIR): each of the two live engines computes its own
              document (peer_own), waits for the other's, loads the other's KV (peer_hit) and waits
              until the other has done the same
-  reader     kvtier in a NEW process sharing the writer's SSD directory (RAM empty), started when
-             the writer's own phases are done: the peer exchange, an SSD hit alone, a mixed batch
+  reader     kvtier in a NEW process sharing the writer's SSD directory (RAM empty), started beside
+             the writer and serving only once the writer's own phases are done (``--wait-for``;
+             its disk index learns the writer's files by its rescan, as a live peer's would):
+             the peer exchange, an SSD hit alone, a mixed batch
              of SSD hits and misses, shared-prefix partial hits, then partial load failures (a
              middle chunk's file corrupted: its prefix loads, the rest is recomputed; and a first
              chunk corrupted: nothing loads)
@@ -244,6 +246,7 @@ def main() -> int:
     ap.add_argument("--disk")
     ap.add_argument("--log")
     ap.add_argument("--peer-sync", help="directory for the writer/reader rendezvous files")
+    ap.add_argument("--wait-for", help="after start-up, run the scenarios only once this file exists")
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
@@ -271,6 +274,13 @@ def main() -> int:
     P = scenario_prompts(llm.get_tokenizer())
     ph = Phases(llm, log_path)
     ph.result["engine_up"] = time.time()
+    if args.wait_for:                                       # started early: the engine start overlaps
+        deadline = time.time() + 600
+        while not Path(args.wait_for).exists():
+            if time.time() > deadline:
+                raise SystemExit(f"{args.wait_for} did not appear within 600 s")
+            time.sleep(0.1)
+    ph.result["served_from"] = time.time()
     ph.result["geometry"] = {"block_size": block, "chunk_size": CHUNK, "max_tokens": MAX_TOKENS, "top_k": TOP_K}
     disk = Path(args.disk) if args.disk else None
 
