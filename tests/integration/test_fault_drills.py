@@ -5,12 +5,14 @@ engine without kvtier, a counted event, and that serving went on. Driver: drill_
 Seven engines, in two lanes that run side by side (each engine's compute pinned to its own core):
   lane 0: crash (a KV space 0.4x the prompts it is given at once: vLLM preempts; kvtier's state
           audited; then kill -9 during heavy saves) -> fsck -> restart on the same directory
-          (+ multi-turn chat under a disk budget far below its working set) -> fsck -> a read-only
-          mount at start
+          (+ multi-turn chat under a disk budget far below its working set) -> fsck -> two engines
+          together on the crashed directory with block size 64 instead of 128 (a namespace change;
+          both compute and save the same chunks at the same time), one per core
   lane 1: reference -> faults (SSD on a real 12 MiB tmpfs: full disk, then slow loads past the
-          load timeout via FaultyTier, then a read-only mount over its tmp/ mid-run)
-then two engines together on the crashed directory with block size 64 instead of 128 (a namespace
-change; both compute and save the same chunks at the same time). Needs root for the mounts.
+          load timeout via FaultyTier, then a read-only mount over its tmp/ mid-run) -> a read-only
+          mount at start
+Lane 1 is the shorter: its last engine (a short one) overlaps lane 0's last two instead of running
+alone after them. Needs root for the mounts.
 """
 
 from __future__ import annotations
@@ -171,7 +173,6 @@ def _crash_lane(model: Path, d: Path, core: str | None) -> dict:
     res["restart_events"], res["budget"] = _events(st), budget
     res["fsck_after"] = _fsck(crash_dir)
     res["fsck_again"] = _fsck(crash_dir)
-    res["ro_start"] = _read_only_start(model, d, core)
     return res
 
 
@@ -197,7 +198,7 @@ def _faults_lane(model: Path, d: Path, tmpfs: Path, core: str | None) -> dict:
     cfg = _cfg(tmpfs, st, d / "faults.jsonl", capacity="1GiB",
                store__faults={"wraps": "disk", "latency_ms": 4000}, connector__load_timeout_s=1.0)
     f = _run("faults", model, d / "faults.json", "--config", cfg, "--log", str(d / "faults.jsonl"), core=core)
-    return {"ref": ref, "faults": f, "faults_events": _events(st)}
+    return {"ref": ref, "faults": f, "faults_events": _events(st), "ro_start": _read_only_start(model, d, core)}
 
 
 def _namespace(model: Path, d: Path, crash_dir: Path, cores: list[str | None]) -> dict:
@@ -218,11 +219,14 @@ def _namespace(model: Path, d: Path, crash_dir: Path, cores: list[str | None]) -
 def drills(bundled_model, tmp_path_factory, tmpfs) -> dict:
     d = tmp_path_factory.mktemp("drills")
     cores = _cores()
+
+    def lane0() -> dict:
+        res = _crash_lane(bundled_model, d, cores[0])
+        return {**res, "namespace": _namespace(bundled_model, d, res["crash_dir"], cores)}
+
     with ThreadPoolExecutor(2) as pool:
-        lane0 = pool.submit(_crash_lane, bundled_model, d, cores[0])
-        lane1 = pool.submit(_faults_lane, bundled_model, d, tmpfs, cores[1])
-        res = {**lane0.result(), **lane1.result(), "dir": d}
-    res["namespace"] = _namespace(bundled_model, d, res["crash_dir"], cores)
+        lanes = [pool.submit(lane0), pool.submit(_faults_lane, bundled_model, d, tmpfs, cores[1])]
+        res = {**lanes[0].result(), **lanes[1].result(), "dir": d}
     return res
 
 
