@@ -27,8 +27,8 @@ _LIGHT = typer.Option(None, "--light-users", min=0, max=64, help="Also run the t
 _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
                                                         "on this machine instead of measuring.")
 _STEP = typer.Option(None, "--step-tokens", min=0, max=65536, help="Engine token budget per step for every "
-                     "configuration (max_num_batched_tokens; one long prefill takes at most half of it while others "
-                     "wait). Default: sized to this machine by the calibration (~1.5 s of prefill); 0: vLLM's defaults.")
+                     "configuration (max_num_batched_tokens N; one long prefill takes at most N/2 while others wait). "
+                     "Default (or 0): vLLM's own (2,048 on CPU, no cap).")
 
 
 def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, columns=None) -> None:

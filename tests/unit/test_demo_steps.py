@@ -1,5 +1,5 @@
-"""The companion demo's engine step budget: sized from the calibration, the same for every
-configuration, overridable with --step-tokens (0: vLLM's defaults)."""
+"""The companion demo's engine step budget: vLLM's defaults unless --step-tokens N, then the same
+N-token budget (long-prefill cap N/2) for every configuration."""
 
 from __future__ import annotations
 
@@ -12,45 +12,34 @@ from kvtier.demo import companion
 from kvtier.demo.calibrate import fit_profile
 from kvtier.demo.common import ModelFacts
 from kvtier.demo.sizing import WorkloadFacts
-from kvtier.demo.steps import MAX_STEP, MIN_STEP, STEP_TARGET_S, StepBudget, choose_step_budget
+from kvtier.demo.steps import StepBudget, choose_step_budget
 from kvtier.server import build_command
 
 FACTS = ModelFacts(path=Path("/nonexistent/model"), kv_bytes_per_token=46_080, max_model_len=8192, dtype="float32")
 WF = WorkloadFacts(requests=104, prompt_tokens=162_213, ideal_hit_tokens=129_536, think_s=500.0, max_prompt_tokens=3900)
 # this AVX2 VM (session 9 calibration-like): 256 / 512 / 1024 tokens in 1.3 / 2.9 / 6.9 s
 SLOW = fit_profile([(256, 1.3), (512, 2.9), (1024, 6.9)])
-# the AVX-512 reference machine: 1K in 1.6 s
-FAST = fit_profile([(256, 0.35), (512, 0.75), (1024, 1.6)])
 
 
-def test_budget_is_about_the_target_step_of_prefill_in_blocks() -> None:
-    slow, fast = choose_step_budget(SLOW), choose_step_budget(FAST)
-    for b, prof in ((slow, SLOW), (fast, FAST)):
-        assert b.tokens % 128 == 0 and MIN_STEP <= b.tokens <= MAX_STEP and b.source == "calibration"
-        assert b.prefill_cap == max(128, b.tokens // 2 // 128 * 128)
-        assert prof.seconds(b.tokens) <= STEP_TARGET_S or b.tokens == MIN_STEP
-        assert b.tokens == MAX_STEP or prof.seconds(b.tokens + 128) > STEP_TARGET_S
-    assert slow.tokens == 256 and fast.tokens > slow.tokens
-
-
-def test_step_tokens_override_and_zero_means_vllm_defaults() -> None:
-    assert choose_step_budget(SLOW, 0) == StepBudget(None, None, "vLLM default")
+def test_default_and_zero_mean_vllm_defaults_n_is_n_tokens_in_blocks() -> None:
+    assert choose_step_budget(SLOW) == choose_step_budget(SLOW, 0) == StepBudget(None, None, "vLLM default")
     assert choose_step_budget(SLOW, 0).engine_args() == (None, ())
     b = choose_step_budget(SLOW, 1000)
     assert (b.tokens, b.prefill_cap, b.source) == (896, 384, "--step-tokens")
+    assert b.step_s == SLOW.seconds(896)
     assert choose_step_budget(SLOW, 50).tokens == 128 and choose_step_budget(SLOW, 50).prefill_cap == 128
 
 
 def test_every_configuration_runs_with_the_same_budget() -> None:
     b = companion.budgets(companion.DEFAULT, FACTS, WF)
-    step = choose_step_budget(SLOW)
+    step = choose_step_budget(SLOW, 256)
     specs = companion.server_specs(companion.DEFAULT, FACTS, b, "live", step)
     assert {(s.max_num_batched_tokens, s.extra_args) for s in specs} == \
         {(step.tokens, ("--long-prefill-token-threshold", str(step.prefill_cap)))}
     cmd = build_command(specs[0], port=8000)
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == str(step.tokens)
     assert cmd[cmd.index("--long-prefill-token-threshold") + 1] == str(step.prefill_cap)
-    plain = companion.server_specs(companion.DEFAULT, FACTS, b, "live", choose_step_budget(SLOW, 0))
+    plain = companion.server_specs(companion.DEFAULT, FACTS, b, "live", choose_step_budget(SLOW))
     assert all(s.max_num_batched_tokens is None and s.extra_args == () for s in plain)
 
 
