@@ -290,6 +290,20 @@ def _pieces(view: memoryview) -> list[memoryview]:
     return [view[i:i + PIECE] for i in range(0, len(view), PIECE)]
 
 
+def refuse_oversize(fd: int, size: int, plen: int, limit: int, namespace_digest: bytes, key: bytes) -> None:
+    """A chunk file whose payload (``plen`` bytes) exceeds the caller's ``limit``: ValueError when
+    its header agrees (a well-formed chunk that does not fit is the caller's error), ChunkError
+    ("torn") when it does not. Nothing when it fits."""
+    if plen <= limit:
+        return
+    hb = _bounce(HEADER_SIZE)[:HEADER_SIZE]
+    if _preadv_all(fd, [hb], 0) < HEADER_SIZE:
+        raise ChunkError("torn", "short header")
+    if decode_header(hb, namespace_digest, key).payload_len != plen:
+        raise ChunkError("torn", f"file is {size} bytes, header disagrees")
+    raise ValueError(f"output buffer has {limit} bytes, chunk needs {plen}")
+
+
 def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: bytes,
                     *, o_direct: bool) -> ChunkMeta:
     """Read and verify the chunk at ``path`` into ``out[:payload_len]``.
@@ -303,13 +317,7 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
         if plen < 0:
             raise ChunkError("torn", f"file is {size} bytes")
         check_read_size(namespace_digest, size)     # nothing below allocates more than min(out, limit)
-        if plen > len(out):  # a well-formed chunk that does not fit is the caller's error
-            hb = _bounce(HEADER_SIZE)[:HEADER_SIZE]
-            if _preadv_all(fd, [hb], 0) < HEADER_SIZE:
-                raise ChunkError("torn", "short header")
-            if decode_header(hb, namespace_digest, key).payload_len != plen:
-                raise ChunkError("torn", f"file is {size} bytes, header disagrees")
-            raise ValueError(f"output buffer has {len(out)} bytes, chunk needs {plen}")
+        refuse_oversize(fd, size, plen, len(out), namespace_digest, key)
         dst = out[:plen]
         body = plen // ALIGN * ALIGN
         if not direct:

@@ -24,7 +24,7 @@ from typing import Callable
 
 from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, check_read_size, checksum, decode_header,
                           pack_trailer, verify_digest)
-from kvtier.tiers.diskio import _bounce, _preadv_all, _writev_all
+from kvtier.tiers.diskio import _bounce, _preadv_all, _writev_all, refuse_oversize
 
 MIN_FILE = HEADER_SIZE + TRAILER_SIZE
 
@@ -161,6 +161,27 @@ def stat_chunk(path: str) -> int | None:
     return st.st_mtime_ns if st.st_size >= MIN_FILE else None
 
 
+def _open_chunk(fd: int, limit: int, namespace_digest: bytes, key: bytes) -> tuple[os.stat_result, int]:
+    """(stat, payload length) of an open chunk file that fits ``limit`` payload bytes; raises as ``read_chunk``."""
+    st = os.fstat(fd)
+    if st.st_size < MIN_FILE:
+        raise ChunkError("torn", f"file is {st.st_size} bytes")
+    plen = st.st_size - MIN_FILE
+    check_read_size(namespace_digest, st.st_size)   # no buffer grows past min(limit, read limit)
+    refuse_oversize(fd, st.st_size, plen, limit, namespace_digest, key)
+    return st, plen
+
+
+def _verified(head: memoryview, payload: memoryview, trailer: memoryview, namespace_digest: bytes,
+              key: bytes) -> ChunkMeta:
+    meta = decode_header(head, namespace_digest, key)
+    if meta.payload_len != len(payload):
+        raise ChunkError("torn", f"file holds {len(payload)} payload bytes, header says {meta.payload_len}")
+    verify_digest(trailer, None)
+    verify_digest(trailer, checksum(head, payload))
+    return meta
+
+
 def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tuple[ChunkMeta, memoryview, int]:
     """Read and verify one chunk file into this thread's bounce buffer.
 
@@ -169,29 +190,14 @@ def read_chunk(path: str, limit: int, namespace_digest: bytes, key: bytes) -> tu
     chunk's payload exceeds ``limit`` bytes (the caller's buffer)."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
+        st, plen = _open_chunk(fd, limit, namespace_digest, key)
         size = st.st_size
-        if size < MIN_FILE:
-            raise ChunkError("torn", f"file is {size} bytes")
-        plen = size - MIN_FILE
-        check_read_size(namespace_digest, size)   # the bounce buffer never grows past min(limit, read limit)
-        if plen > limit:
-            head = bounce(HEADER_SIZE)[:HEADER_SIZE]
-            if _preadv_all(fd, [head], 0) < HEADER_SIZE:
-                raise ChunkError("torn", "short header")
-            if decode_header(head, namespace_digest, key).payload_len != plen:
-                raise ChunkError("torn", f"file is {size} bytes, header disagrees")
-            raise ValueError(f"output buffer has {limit} bytes, chunk needs {plen}")
         view = bounce(size)[:size]
         got = _preadv_all(fd, [view], 0)
         if got != size:
             raise ChunkError("torn", f"read {got} of {size} bytes")
-        head, payload, trailer = view[:HEADER_SIZE], view[HEADER_SIZE:HEADER_SIZE + plen], view[HEADER_SIZE + plen:]
-        meta = decode_header(head, namespace_digest, key)
-        if meta.payload_len != plen:
-            raise ChunkError("torn", f"file holds {plen} payload bytes, header says {meta.payload_len}")
-        verify_digest(trailer, None)
-        verify_digest(trailer, checksum(head, payload))
+        payload = view[HEADER_SIZE:HEADER_SIZE + plen]
+        meta = _verified(view[:HEADER_SIZE], payload, view[HEADER_SIZE + plen:], namespace_digest, key)
         return meta, payload, st.st_mtime_ns
     finally:
         os.close(fd)
@@ -205,30 +211,13 @@ def read_chunk_into(path: str, out: memoryview, namespace_digest: bytes, key: by
     callers that lend ``out`` (``read_into(..., lent=True)``): no copy out of a bounce buffer."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        st = os.fstat(fd)
-        size = st.st_size
-        if size < MIN_FILE:
-            raise ChunkError("torn", f"file is {size} bytes")
-        plen = size - MIN_FILE
-        check_read_size(namespace_digest, size)
+        st, plen = _open_chunk(fd, len(out), namespace_digest, key)
         scratch = bounce(MIN_FILE)
-        head, trailer = scratch[:HEADER_SIZE], scratch[HEADER_SIZE:MIN_FILE]
-        if plen > len(out):
-            if _preadv_all(fd, [head], 0) < HEADER_SIZE:
-                raise ChunkError("torn", "short header")
-            if decode_header(head, namespace_digest, key).payload_len != plen:
-                raise ChunkError("torn", f"file is {size} bytes, header disagrees")
-            raise ValueError(f"output buffer has {len(out)} bytes, chunk needs {plen}")
-        payload = out[:plen]
-        got = _preadv_all(fd, [head, payload, trailer], 0, end=size)
-        if got != size:
-            raise ChunkError("torn", f"read {got} of {size} bytes")
-        meta = decode_header(head, namespace_digest, key)
-        if meta.payload_len != plen:
-            raise ChunkError("torn", f"file holds {plen} payload bytes, header says {meta.payload_len}")
-        verify_digest(trailer, None)
-        verify_digest(trailer, checksum(head, payload))
-        return meta, st.st_mtime_ns
+        head, payload, trailer = scratch[:HEADER_SIZE], out[:plen], scratch[HEADER_SIZE:MIN_FILE]
+        got = _preadv_all(fd, [head, payload, trailer], 0, end=st.st_size)
+        if got != st.st_size:
+            raise ChunkError("torn", f"read {got} of {st.st_size} bytes")
+        return _verified(head, payload, trailer, namespace_digest, key), st.st_mtime_ns
     finally:
         os.close(fd)
 
