@@ -201,6 +201,8 @@ def main() -> None:
     ap.add_argument("--plan", default="vanilla:vllm,vanilla:kvtier,kvtier-ram-ssd:kvtier,kvtier-ram-ssd:vllm",
                     help="runs in order, server:client (server: vanilla | kvtier-ram-ssd; client: vllm | kvtier)")
     ap.add_argument("--tag", default="", help="prefix of this invocation's file names (e.g. r1)")
+    ap.add_argument("--kvtier-only-cache", action="store_true",
+                    help="the kvtier server runs with vLLM's own prefix cache off: every cached token comes from kvtier")
     ap.add_argument("--client-pythonpath", default=None,
                     help="extra PYTHONPATH for vLLM's client only (e.g. where pandas was installed)")
     a = ap.parse_args()
@@ -224,7 +226,8 @@ def main() -> None:
                             "disk": {"enabled": True, "path": tempfile.mkdtemp(prefix="ssd-", dir=a.out),
                                      "capacity": 2 * 2**30}}}
         spec = ServerSpec(name=f"{prefix}{server_name}-{client}", model=model, max_model_len=4096,
-                          kv_cache_space_gib=a.kv_cache_gib, kvtier_config=kv)
+                          kv_cache_space_gib=a.kv_cache_gib, kvtier_config=kv,
+                          enable_prefix_caching=not (kv is not None and a.kvtier_only_cache))
         t_start = time.time()
         with VllmServer.start(spec, a.out / f"{spec.name}.server.log") as srv:
             started_s = time.time() - t_start
