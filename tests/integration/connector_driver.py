@@ -14,12 +14,12 @@ ROLE is one of
              document (peer_own), waits for the other's, loads the other's KV (peer_hit) and waits
              until the other has done the same
   reader     kvtier in a NEW process sharing the writer's SSD directory (RAM empty), started beside
-             the writer and serving only once the writer's own phases are done (``--wait-for``;
-             its disk index learns the writer's files by its rescan, as a live peer's would):
-             the peer exchange, an SSD hit alone, a mixed batch
-             of SSD hits and misses, shared-prefix partial hits, then partial load failures (a
-             middle chunk's file corrupted: its prefix loads, the rest is recomputed; and a first
-             chunk corrupted: nothing loads)
+             the writer and serving only once the writer's cold phases are saved (``--wait-for``
+             the writer's ``writer.cold-done``; its disk index learns the writer's files by its
+             rescan, as a live peer's would), while the writer goes on with its RAM phases: an SSD
+             hit alone, a mixed batch of SSD hits and misses, shared-prefix partial hits, partial
+             load failures (a middle chunk's file corrupted: its prefix loads, the rest is
+             recomputed; and a first chunk corrupted: nothing loads), then the peer exchange
 
 Every engine runs in THIS process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the test-only
 misplace hook — a wrapper around ``KVLayout.scatter`` installed here, never in kvtier itself —
@@ -302,16 +302,17 @@ def main() -> int:
             chains = _chains(_files(disk) - before)
             ph.result["fault_files"][name] = chains[0] if len(chains) == 1 else chains
         (sync / "fault_files.json").write_text(json.dumps(ph.result["fault_files"]))
+        _barrier(sync, "writer.cold-done", "writer.cold-done")      # every cold phase saved: the reader goes
         ph.run("ram_doc_a", _pick(P, "doc_a"))      # vLLM prefix cache reset: kvtier RAM
         ph.run("ram_long", _pick(P, "long"))
         MISPLACE["armed"] = True
         ph.run("ram_misplace", _pick(P, "doc_a"))
         ph.result["misplace_fired"] = MISPLACE["fired"]
-        _barrier(sync, "writer.phases-done", "writer.phases-done")    # the test starts the reader now
+        _barrier(sync, "writer.phases-done", "writer.phases-done")
         _peer_exchange(ph, P, sync, "writer", "reader", rescan_s)
     else:
         sync = Path(args.peer_sync)
-        _peer_exchange(ph, P, sync, "reader", "writer", rescan_s)      # the writer is still alive
+        time.sleep(2 * rescan_s)                                       # the disk index re-reads the directory
         ph.run("ssd_long", _pick(P, "long"))                           # new process: SSD tier
         ph.run("ssd_mixed", _pick(P, "doc_a", "miss_1", "long", "miss_2"))   # hits and misses, one batch
         ph.run("ssd_partial", _pick(P, "sys_q1", "sys_q2", "turn2"))         # shared prefixes, one batch
@@ -319,6 +320,7 @@ def main() -> int:
         ph.result["corrupted"] = [_corrupt(Path(files["tail_fail"][1])), _corrupt(Path(files["head_fail"][0]))]
         ph.run("ssd_tail_fail", _pick(P, "tail_fail"))
         ph.run("ssd_head_fail", _pick(P, "head_fail"))
+        _peer_exchange(ph, P, sync, "reader", "writer", rescan_s)      # the writer is still alive
     if disk is not None:
         _flush_store()
     ph.result["done"] = time.time()

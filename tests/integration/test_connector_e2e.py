@@ -6,12 +6,13 @@ Three engine processes (tests/integration/connector_driver.py), one module-scope
   writer     cold kvtier cache -> RAM + SSD; RAM hits; one RAM hit with a deliberately misplaced
              block (a test-only wrapper in the driver): the oracle must flag it; then it stays up
   reader     a NEW process on the writer's SSD directory, started beside the two others (its engine
-             start overlaps theirs) and released once the writer's own phases are done (checked:
-             its first request came after that): while both engines are live each loads
-             the other's KV; then SSD hits (alone, and in a mixed batch with misses, with
-             max_num_batched_tokens=128 so hits are larger than a step's token budget and the
-             rest is prefilled in several steps), shared-prefix partial hits, and partial load
-             failures (corrupted chunk files: the good prefix loads, the rest is recomputed)
+             start overlaps theirs) and released once the writer's cold phases are saved (checked:
+             its first request came after that; the writer goes on with its RAM phases): SSD hits
+             (alone, and in a mixed batch with misses, with max_num_batched_tokens=128 so hits are
+             larger than a step's token budget and the rest is prefilled in several steps),
+             shared-prefix partial hits, and partial load failures (corrupted chunk files: the good
+             prefix loads, the rest is recomputed); then, while both engines are live, each loads
+             the other's KV
 Prompts are seeded random sentences over kvtier's vocabulary, never a repeated paragraph.
 
 Tolerance. A request computed alone, with or without kvtier, gives bit-identical logprobs here
@@ -73,12 +74,12 @@ def runs(bundled_model, tmp_path_factory):
     sync.mkdir()
     ref_p = _start("reference", bundled_model, d / "ref.json", 0)
     writer_p = reader_p = None
-    go = sync / "writer.phases-done"          # the writer's barrier file: its own phases are done
+    go = sync / "writer.cold-done"            # the writer's barrier file: its cold phases are saved
     try:
         writer_p = _start("writer", bundled_model, d / "writer.json", 1, "--disk", str(disk),
                           "--log", str(d / "writer.jsonl"), "--peer-sync", str(sync))
         # the reader's engine starts now too (a start is mostly one core's imports), and serves only
-        # once the writer's phases are done, while the writer is still up
+        # once the writer's cold phases are saved, while the writer is still up
         reader_p = _start("reader", bundled_model, d / "reader.json", 0, "--disk", str(disk),
                           "--log", str(d / "reader.jsonl"), "--peer-sync", str(sync), "--wait-for", str(go))
         deadline = time.time() + 600
@@ -86,8 +87,8 @@ def runs(bundled_model, tmp_path_factory):
             assert writer_p[0].poll() is None and time.time() < deadline, "writer stopped early"
             time.sleep(0.2)
         reader = _finish("reader", reader_p)
-        # nothing of the reader's (no request, no saved chunk) before the writer's phases were done
-        assert reader["served_from"] >= go.stat().st_mtime, "the reader served before the writer was done"
+        # nothing of the reader's (no request, no saved chunk) before the writer's cold phases were saved
+        assert reader["served_from"] >= go.stat().st_mtime, "the reader served before the writer's saves"
         writer = _finish("writer", writer_p)
     finally:
         for p in (reader_p, writer_p):
