@@ -9,8 +9,9 @@ Per round, at the SAME concurrency (``threads`` callers, each with one chunk in 
   has all of them; a fresh one pays one or two ``mkdir`` per new directory once);
 * **raw get** / **tier get**: the same files read back whole (``read_into`` per chunk, verified,
   with lent buffers — ``lent=True``, as the connector's async loads read: the payload goes
-  straight into the caller's buffer, no bounce copy), through ``read_dir`` — a second mount of the same volume ("the other machine", with its own
-  empty client cache) when given, else the writing mount.
+  straight into the caller's buffer, no bounce copy), through ``read_dir`` — a second mount of
+  the same volume ("the other machine", with its own empty client cache) when given, else the
+  writing mount.
 
 Raw and tier passes are interleaved in blocks of ``block`` chunks (raw block, tier block, in
 alternating order from block to block), so a slow moment of the mount — on a shared 2-core VM
@@ -18,7 +19,8 @@ its throughput moves 2x within seconds — hits both sides alike; a round's GB/s
 the summed block times of that side, figures are medians over rounds, ratios the median of
 per-round ratios (and of per-block ratios, ``*_vs_raw_blocks``). Per-chunk latencies (p50/p99,
 ms) are pooled over rounds. ``phases``: where one tier put / get spends its time (single thread,
-after the rounds): create + write + close + stamp, publish; open + read + verify (into the caller's buffer, as a lent read).
+after the rounds): create + write + close + stamp, publish; open + read + verify (into the
+caller's buffer, as a lent read).
 Keys: ``get_gbps put_gbps raw_get_gbps raw_put_gbps`` (+ ``get``/``put``/``raw_get``/``raw_put``
 latencies, ``get_vs_raw``/``put_vs_raw`` ratio stats).
 """
@@ -254,9 +256,9 @@ def _phases(tw: SharedFsTier, tr: SharedFsTier | None, metas: list[ChunkMeta], p
                 break
             n += k
         os.close(fd)
-        t7 = time.perf_counter()
+        t6 = time.perf_counter()
         t["read_verify"].append(t5 - t4)
-        t["raw_read"].append(t7 - t5)
+        t["raw_read"].append(t6 - t5)
     return {k: round(statistics.median(v) * 1e3, 3) for k, v in t.items()} | {
         "note": "through the writing mount (its client cache may hold the data it just wrote), one thread"}
 

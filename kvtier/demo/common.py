@@ -39,7 +39,7 @@ class DemoOptions:
     calibration: Path | None = None        # reuse this calibration JSON instead of measuring
     history: str = "live"                  # live: the model's own replies in the history; workload: the workload's text
     light_users: int | None = None         # users of the second, lighter load point (None: 6, none with --quick; 0: none)
-    step_tokens: int | None = None         # engine step budget (None: from the calibration; 0: vLLM's default)
+    step_tokens: int | None = None         # engine step budget, --step-tokens (None or 0: vLLM's default)
 
 
 @dataclass(frozen=True)

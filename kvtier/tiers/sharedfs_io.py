@@ -301,4 +301,5 @@ def write_chunk(tmp: str, header: bytes | bytearray, payload: memoryview, *, fsy
     os.utime(tmp, ns=(stamp_ns, stamp_ns))
 
 
-__all__ = ["Batch", "DaemonPool", "fan_out", "MIN_FILE", "bounce", "probe_write", "publish", "read_chunk", "read_chunk_into", "stat_chunk", "write_chunk"]
+__all__ = ["Batch", "DaemonPool", "fan_out", "MIN_FILE", "bounce", "probe_write", "publish", "read_chunk",
+           "read_chunk_into", "stat_chunk", "write_chunk"]

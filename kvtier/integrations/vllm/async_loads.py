@@ -15,8 +15,8 @@ lands in a buffer the next plan uses; the abandoned threads end with their reads
 deadline bounds). The reads *lend* their ring buffers to the store (``read_into(lent=True)``:
 the shared tier reads straight into them, no bounce copy), so a failed read's buffer may still
 be written by a backend thread after the read returned: after any failed plan the ring is
-dropped and the next plan gets fresh buffers. ``take_done()`` hands back finished plans: the worker reports their request
-ids in ``get_finished`` (``finished_recving``) and their failed block ids in
+dropped and the next plan gets fresh buffers. ``take_done()`` hands back finished plans: the
+worker reports their request ids in ``get_finished`` (``finished_recving``) and their failed block ids in
 ``get_block_ids_with_load_errors`` in the **same** step, as vLLM requires.
 
 ``wait_done(timeout)`` blocks (GIL released) until a plan has finished or ``timeout`` passed:
