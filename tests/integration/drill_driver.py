@@ -114,8 +114,15 @@ def _wait_saved(root: Path, timeout: float = 60.0) -> None:
 
 def audit_worker(worker) -> dict:
     """Runs in vLLM's worker process (``collective_rpc``) after every request finished: kvtier's
-    own state there. Waits for queued writes first (``store.flush``)."""
+    own state there, found among every live object. Waits for queued writes first (``store.flush``)."""
     import gc
+
+    return audit_objects(gc.get_objects())
+
+
+def audit_objects(objs) -> dict:
+    """kvtier's worker-side state among ``objs`` (stores, worker sides, RAM tiers, writer pools):
+    held pins, lost slots, buffers not returned, writes still queued."""
     import warnings
 
     from kvtier.store import TieredStore
@@ -124,7 +131,6 @@ def audit_worker(worker) -> dict:
 
     with warnings.catch_warnings():         # isinstance() on every object touches torch's deprecated aliases
         warnings.simplefilter("ignore")
-        objs = gc.get_objects()
         stores = [o for o in objs if isinstance(o, TieredStore) and not o._closed]
         ws = sys.modules.get("kvtier.integrations.vllm.worker_side")     # loaded where a connector runs
         sides = [o for o in objs if isinstance(o, ws.WorkerSide)] if ws else []
