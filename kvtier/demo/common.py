@@ -38,7 +38,7 @@ class DemoOptions:
     target_s: float | None = None          # wall time to size for (default: the demo's own)
     calibration: Path | None = None        # reuse this calibration JSON instead of measuring
     history: str = "live"                  # live: the model's own replies in the history; workload: the workload's text
-    light_users: int | None = None         # users of the second, lighter load point (None: 6, none with --quick; 0: none)
+    light_users: int | None = None         # users of the second, lighter load point (None: 6 if it fits the target, none with --quick; 0: none)
     step_tokens: int | None = None         # engine step budget, --step-tokens (None or 0: vLLM's default)
 
 

@@ -18,17 +18,20 @@ demo generates and tokenizes it, unit tests pass a fake). Two knobs, and the rat
 Estimated wall time = calibration + 4 server starts (calibration + 3 configurations) + per
 configuration the closed loop's makespan (``closed_loop_seconds``): ``users`` users each take the
 next conversation when their last one ended; a turn is sent its think time after the previous
-turn ended and needs W seconds of the engine, W = the fixed cost plus the prefill of its uncached
-part plus its decode (the tokens it generates x the calibration's decode step with ``users``
-requests decoding together / ``users``: a decode step serves every request in flight at once),
-with the engine shared equally by the requests in flight. So the end of the run, where the
+turn ended and needs W seconds of the engine for its prefill (the fixed cost plus the prefill of its
+uncached part), with the engine shared equally by the requests in flight, then decodes the tokens it
+generates one per decode step of the requests decoding together at that moment (the calibration's
+step at that batch), getting the decoding requests' share of the engine. So the end of the run, where the
 last users' long conversations run alone (mostly think time), is in the estimate: last session's
 quick demo on a 2-core AVX2 machine took 121/110/110 s per configuration, the earlier formula
 ``max(W, (W + think) / users)`` said 78/63/62 s, this model with the requests' measured cached
 tokens 120/105/104 s. Uncached parts use the share of the ideal hit rate each configuration
 reached in the reference runs (docs/results.md). The decode term came in session 7: the live-history
 demo (replies of ~50 tokens) took 318/267/284 s per configuration on the AVX2 machine against an
-estimate without decode of 252/215/194 s. Facts without per-conversation turns (aggregates only)
+estimate without decode of 252/215/194 s. Session 7's term charged every token step(users) / users,
+as if all users always decoded together; users think, so fewer requests share a step, and runs took
+1.16-1.47x that estimate on both CPU classes (15 configurations, docs/results.md, session 10); the
+in-flight decode model came within 0.91-1.11x of the same runs. Facts without per-conversation turns (aggregates only)
 fall back to that earlier formula. Side-effect free.
 """
 
@@ -161,14 +164,19 @@ def conversation_facts(workload: Any, tokenizer: Any, block_size: int) -> tuple[
     return tuple(tuple(t[k] for k in sorted(t)) for _, t in sorted(turns.items()))
 
 
-def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, float]]], users: int) -> float:
+def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, ...]]], users: int,
+                        decode_step: Callable[[float], float] | None = None) -> float:
     """Makespan of a closed loop: ``users`` users take the conversations in order, each the next one
-    when its last ended; a conversation is a list of (work s, think s before the turn); the engine
-    serves the requests in flight at an equal share each (processor sharing). Side-effect free."""
+    when its last ended; a conversation is a list of turns (work s, think s before the turn[, tokens
+    generated]). The engine serves the requests in flight at an equal share each (processor sharing)
+    for their prefill work; a request that has finished its prefill decodes its tokens, one per
+    decode step of the ``m`` requests decoding together: with ``n`` in flight it gets ``m / n`` of the
+    engine, so it advances ``m / (n x decode_step(m))`` tokens a second (``1 / decode_step(n)`` when all
+    decode). Tokens need ``decode_step``; without one they are ignored. Side-effect free."""
     queue = iter(range(len(conversations)))
     now = 0.0
-    waiting: list[tuple[float, int, int, int]] = []        # (send time, user, conversation, turn)
-    serving: dict[int, tuple[int, int, float]] = {}        # user -> (conversation, turn, work left)
+    waiting: list[tuple[float, int, int, int]] = []            # (send time, user, conversation, turn)
+    serving: dict[int, tuple[int, int, float, float]] = {}     # user -> (conversation, turn, work s left, tokens left)
 
     def next_conversation(user: int) -> None:
         for ci in queue:
@@ -186,18 +194,26 @@ def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, float]]], 
         next_conversation(u)
     while waiting or serving:
         n = len(serving)
-        t_done = now + min(left for _, _, left in serving.values()) * n if n else float("inf")
+        m = sum(1 for _, _, w, _ in serving.values() if w <= 0)
+        dec_rate = m / (n * decode_step(m)) if m and decode_step is not None and decode_step(m) > 0 else float("inf")
+        t_done = min((now + (w * n if w > 0 else tok / dec_rate) for _, _, w, tok in serving.values()),
+                     default=float("inf"))
         t_send = waiting[0][0] if waiting else float("inf")
         t = min(t_done, t_send)
-        share = (t - now) / n if n else 0.0
-        serving = {u: (ci, k, left - share) for u, (ci, k, left) in serving.items()}
+        dt = t - now
+        serving = {u: ((ci, k, w - dt / n, tok) if w > 0 else
+                       (ci, k, 0.0, 0.0 if dec_rate == float("inf") else tok - dt * dec_rate))
+                   for u, (ci, k, w, tok) in serving.items()}
+        serving = {u: (ci, k, 0.0 if w <= 1e-12 else w, tok) for u, (ci, k, w, tok) in serving.items()}
         now = t
-        for u in [u for u, (_, _, left) in serving.items() if left <= 1e-12]:
-            ci, k, _ = serving.pop(u)
+        for u in [u for u, (_, _, w, tok) in serving.items() if w <= 0 and tok <= 1e-9]:
+            ci, k, _, _ = serving.pop(u)
             send_or_next(u, ci, k + 1)
         while waiting and waiting[0][0] <= now:
             _, u, ci, k = heapq.heappop(waiting)
-            serving[u] = (ci, k, max(0.0, conversations[ci][k][0]))
+            turn = conversations[ci][k]
+            tokens = float(turn[2]) if len(turn) > 2 and decode_step is not None else 0.0
+            serving[u] = (ci, k, max(0.0, turn[0]), tokens)
     return now
 
 
@@ -207,14 +223,12 @@ def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, th
     tokens every request generates (workload history); None: each turn's own (live history)."""
     if not facts.requests:
         return 0.0
-    n = max(1, users)
-    per_token = profile.decode_step_s(n) / n          # engine seconds per generated token and request
     if facts.conversations:
         convs = [[(profile.a + profile.extend_seconds(t.ideal_hit_tokens * hit_share,
-                                                      t.prompt_tokens - t.ideal_hit_tokens * hit_share)
-                   + per_token * (t.out_tokens if out_tokens is None else out_tokens),
-                   t.think_s * think_time_scale) for t in conv] for conv in facts.conversations]
-        return SLACK * closed_loop_seconds(convs, users)
+                                                      t.prompt_tokens - t.ideal_hit_tokens * hit_share),
+                   t.think_s * think_time_scale, t.out_tokens if out_tokens is None else out_tokens)
+                  for t in conv] for conv in facts.conversations]
+        return SLACK * closed_loop_seconds(convs, users, profile.decode_step_s)
     mean = facts.prompt_tokens / facts.requests
     cached = mean * facts.ideal_hit_rate * hit_share
     work = facts.requests * (profile.a + profile.extend_seconds(cached, mean - cached))

@@ -1,6 +1,9 @@
 """The decode term of the companion demo's estimate: the calibration times a decode step with 1 and
-DECODE_BATCH requests, and a live-history turn's estimate grows by the tokens it generates x that
-step at the run's users / users. Without it, the live demo ran 1.25-1.46x its estimate (session 7)."""
+DECODE_BATCH requests, and a live-history turn decodes its tokens one per step of the requests
+decoding together at that moment, sharing the engine with the requests in flight. Without a decode
+term the live demo ran 1.25-1.46x its estimate (session 7); with every user assumed to be decoding
+together (a token cost step(users) / users of the engine) it still ran 1.16-1.47x on both CPU
+classes (session 10: users think, so fewer requests share each step)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import pytest
 from kvtier.demo import companion
 from kvtier.demo.calibrate import (DECODE_BATCH, DECODE_TOKENS, Calibration, CalibrationError, fit_profile,
                                    load_calibration, measure_profile, server_decode_timer)
-from kvtier.demo.sizing import SLACK, TurnFacts, WorkloadFacts, config_seconds, estimate, size_companion
+from kvtier.demo.sizing import (SLACK, TurnFacts, WorkloadFacts, closed_loop_seconds, config_seconds, estimate,
+                                 size_companion)
 from tests.unit.virtual_time import virtual_time  # noqa: F401
 
 
@@ -108,3 +112,28 @@ def test_server_decode_timer_times_the_steps_after_the_first_token(virtual_time)
     assert len(bodies) == 2 and all(b["max_tokens"] == DECODE_TOKENS and b["ignore_eos"] for b in bodies)
     assert len({tuple(b["prompt"]) for b in bodies}) == 2            # fresh prompts, nothing shared
     assert step == pytest.approx(0.01, abs=1e-9)                      # the token delay, not the first token's
+
+
+def test_a_token_costs_the_step_of_the_requests_decoding_at_that_moment_not_of_all_users():
+    step = profile(((1, 0.1), (2, 0.11))).decode_step_s
+    # two users, never in flight together: each token takes a 1-request step (0.1 s), not step(2) / 2
+    assert closed_loop_seconds([[(1.0, 0.0, 10)], [(1.0, 100.0, 10)]], users=2, decode_step=step) == pytest.approx(
+        100.0 + 1.0 + 10 * 0.1)
+    # decoding together: one 2-request step (0.11 s) gives each of them a token
+    assert closed_loop_seconds([[(0.0, 0.0, 10)], [(0.0, 0.0, 10)]], users=2, decode_step=step) == pytest.approx(1.1)
+    # one decoding beside one prefilling: the decoder gets half the engine (a token per 0.2 s) until the
+    # other's 1 s prefill (at half speed: 2 s) ends, then it decodes alone
+    t = closed_loop_seconds([[(0.0, 0.0, 20)], [(1.0, 0.0, 0)]], users=2, decode_step=step)
+    assert t == pytest.approx(2.0 + (20 - 2.0 / 0.2) * 0.1)
+    # without a decode step, tokens cost nothing (the prefill-only closed loop)
+    assert closed_loop_seconds([[(1.0, 0.0, 10)]], users=1) == pytest.approx(1.0)
+
+
+def test_the_estimate_charges_a_lone_request_the_one_request_step():
+    p = dataclasses.replace(profile(((1, 0.1), (2, 0.11))))
+    apart = WorkloadFacts(requests=2, prompt_tokens=512, ideal_hit_tokens=0, think_s=100.0, max_prompt_tokens=256,
+                          conversations=((TurnFacts(256, 0, 0.0, 10),), (TurnFacts(256, 0, 100.0, 10),)))
+    # the second user's request is sent at 100 s, alone: prefill + 10 one-request steps
+    # (the earlier estimate charged step(2) / 2 = 0.055 s a token, as if both users always decoded together)
+    assert config_seconds(p, apart, users=2, think_time_scale=1.0, hit_share=1.0) == pytest.approx(
+        SLACK * (100.0 + p.seconds(256) + 10 * 0.1))
