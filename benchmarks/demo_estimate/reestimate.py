@@ -3,7 +3,7 @@
 For each results folder (a `kvtier demo` --out, or its users<N>/ lighter point), regenerates the run's
 workload from its recorded size, takes the run's own calibration (the folder's calibration.json, or its
 parent's), and prints per configuration: measured replay seconds, the current model's estimate
-(``kvtier.demo.sizing.config_seconds``), and measured / estimate. Nothing is started; CPU only.
+(``kvtier.demo.sizing.estimate``), and measured / estimate. Nothing is started; CPU only.
 
     .venv/bin/python benchmarks/demo_estimate/reestimate.py --model MODEL_DIR RESULTS_DIR [RESULTS_DIR ...]
 
@@ -26,7 +26,7 @@ def main() -> int:
 
     from kvtier.demo import companion
     from kvtier.demo.calibrate import load_calibration
-    from kvtier.demo.sizing import HIT_SHARE, config_seconds
+    from kvtier.demo.sizing import estimate
     from kvtier.workload.tokens import load_tokenizer
 
     tok = load_tokenizer(args.model)
@@ -39,11 +39,10 @@ def main() -> int:
         prof = load_calibration(cal_path, demo.get("dtype")).profile
         size = companion.CompanionDemoSize(**demo["size"])
         facts = companion.generate(size, tok)[3]
-        out = None if demo.get("history", "live") == "live" else size.max_tokens
+        per_config = estimate(prof, 0.0, size, facts, demo.get("history", "live"))[1]
         compare = json.loads((run / "compare.json").read_text())
         measured = {c["name"]: c["summary"]["duration_s"] for c in compare["configs"] if c.get("summary")}
-        for name, share in HIT_SHARE.items():
-            est = config_seconds(prof, facts, size.concurrency, size.think_time_scale, share, out)
+        for name, est in per_config.items():
             m = measured.get(name)
             ratio = f"{m / est:.2f}" if m and est else "-"
             print(f"{run.name:48s} {name:15s} users {size.concurrency:2d}  measured {m or 0:6.0f} s  "

@@ -195,16 +195,21 @@ def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, ...]]], us
     while waiting or serving:
         n = len(serving)
         m = sum(1 for _, _, w, _ in serving.values() if w <= 0)
-        dec_rate = m / (n * decode_step(m)) if m and decode_step is not None and decode_step(m) > 0 else float("inf")
+        step = decode_step(m) if m and decode_step is not None else 0.0
+        dec_rate = m / (n * step) if step > 0 else float("inf")      # tokens a second for each decoding request
         t_done = min((now + (w * n if w > 0 else tok / dec_rate) for _, _, w, tok in serving.values()),
                      default=float("inf"))
         t_send = waiting[0][0] if waiting else float("inf")
         t = min(t_done, t_send)
         dt = t - now
-        serving = {u: ((ci, k, w - dt / n, tok) if w > 0 else
-                       (ci, k, 0.0, 0.0 if dec_rate == float("inf") else tok - dt * dec_rate))
-                   for u, (ci, k, w, tok) in serving.items()}
-        serving = {u: (ci, k, 0.0 if w <= 1e-12 else w, tok) for u, (ci, k, w, tok) in serving.items()}
+
+        def advance(w: float, tok: float) -> tuple[float, float]:
+            if w > 0:
+                w -= dt / n
+                return (0.0 if w <= 1e-12 else w), tok
+            return 0.0, (0.0 if step <= 0 else tok - dt * dec_rate)
+
+        serving = {u: (ci, k, *advance(w, tok)) for u, (ci, k, w, tok) in serving.items()}
         now = t
         for u in [u for u, (_, _, w, tok) in serving.items() if w <= 0 and tok <= 1e-9]:
             ci, k, _, _ = serving.pop(u)

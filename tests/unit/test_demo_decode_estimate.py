@@ -130,7 +130,7 @@ def test_a_token_costs_the_step_of_the_requests_decoding_at_that_moment_not_of_a
 
 
 def test_the_estimate_charges_a_lone_request_the_one_request_step():
-    p = dataclasses.replace(profile(((1, 0.1), (2, 0.11))))
+    p = profile(((1, 0.1), (2, 0.11)))
     apart = WorkloadFacts(requests=2, prompt_tokens=512, ideal_hit_tokens=0, think_s=100.0, max_prompt_tokens=256,
                           conversations=((TurnFacts(256, 0, 0.0, 10),), (TurnFacts(256, 0, 100.0, 10),)))
     # the second user's request is sent at 100 s, alone: prefill + 10 one-request steps
