@@ -15,7 +15,7 @@ demo: setup
 	$(VENV)/bin/kvtier doctor --no-load
 	$(VENV)/bin/kvtier demo $(DEMO_ARGS)
 
-# integration suite in the foreground, unit suite beside it (niced): see scripts/test.sh
+# the unit suite, then the integration suite (one at a time: see scripts/test.sh)
 test: setup
 	@PY=$(PY) bash scripts/test.sh $(PYTEST_ARGS)
 

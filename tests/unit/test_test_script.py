@@ -1,5 +1,6 @@
-"""scripts/test.sh (`make test`): both suites run, the unit suite beside the integration suite, and the
-exit status fails when either failed or collected nothing (a fake python stands in for pytest)."""
+"""scripts/test.sh (`make test`): the unit suite, then the integration suite, one at a time and at the
+caller's priority; both always run, and the exit status fails when either failed or collected nothing
+(a fake python stands in for pytest)."""
 
 from __future__ import annotations
 
@@ -12,45 +13,52 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _run(tmp_path: Path, integ_rc: int, unit_rc: int) -> tuple[subprocess.CompletedProcess, list[str]]:
+def _fake_python(tmp_path: Path, integ_rc: int, unit_rc: int) -> Path:
+    """A python that logs each pytest run's start and end (with its arguments and nice value) and exits
+    with the given status; each run sleeps a little so overlapping runs would interleave in the log."""
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
-    # the unit run waits until the integration run has started: proves they run side by side
     fake.write_text(f"""#!/bin/bash
 case "$*" in
-  *"not integration"*) echo "unit $*" >> {calls}; for i in $(seq 100); do [ -f {tmp_path}/integ-started ] && break; sleep 0.05; done
-                       echo "unit output line"; exit {unit_rc};;
-  *) touch {tmp_path}/integ-started; echo "integ $*" >> {calls}; echo "integration output line"; exit {integ_rc};;
+  *"not integration"*) kind=unit; rc={unit_rc};;
+  *) kind=integ; rc={integ_rc};;
 esac
+echo "start $kind nice=$(nice) $*" >> {calls}
+sleep 0.3
+echo "$kind output line"
+echo "end $kind" >> {calls}
+exit $rc
 """)
     fake.chmod(0o755)
-    env = {**os.environ, "PY": str(fake), "UNIT_LOG": str(tmp_path / "unit.log")}
+    return fake
+
+
+def _run(tmp_path: Path, integ_rc: int, unit_rc: int) -> tuple[subprocess.CompletedProcess, list[str]]:
+    fake = _fake_python(tmp_path, integ_rc, unit_rc)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), "--durations=3"], capture_output=True,
-                          text=True, env=env, timeout=60)
-    return proc, calls.read_text().splitlines()
+                          text=True, env={**os.environ, "PY": str(fake)}, timeout=60)
+    return proc, (tmp_path / "calls").read_text().splitlines()
 
 
 @pytest.mark.parametrize("integ_rc,unit_rc,want", [(0, 0, 0), (1, 0, 1), (0, 1, 1), (0, 5, 5), (5, 0, 5), (2, 1, 2)])
 def test_exit_status_fails_when_either_suite_fails(tmp_path, integ_rc, unit_rc, want):
     proc, calls = _run(tmp_path, integ_rc, unit_rc)
     assert proc.returncode == want, proc.stdout + proc.stderr
-    assert sorted(c.split()[0] for c in calls) == ["integ", "unit"]
-    integ = next(c for c in calls if c.startswith("integ"))
-    unit = next(c for c in calls if c.startswith("unit"))
-    assert "-m integration --durations=3" in integ and "-m not integration" in unit and "--durations=3" in unit
     out = proc.stdout
-    assert "integration output line" in out and "unit output line" in out      # the unit log is printed
-    assert out.index("integration output line") < out.index("unit output line")
+    assert "integ output line" in out and "unit output line" in out     # a failed unit suite still runs integration
     assert f"integration suite exited {integ_rc}" in out and f"unit suite exited {unit_rc}" in out
 
 
-def test_the_unit_suite_is_niced(tmp_path):
-    fake = tmp_path / "python"
-    fake.write_text(f"#!/bin/bash\necho \"$* nice=$(nice)\" >> {tmp_path}/calls\n")
-    fake.chmod(0o755)
-    env = {**os.environ, "PY": str(fake), "UNIT_LOG": str(tmp_path / "unit.log")}
-    subprocess.run(["bash", str(ROOT / "scripts" / "test.sh")], env=env, timeout=60, check=True, capture_output=True)
-    lines = (tmp_path / "calls").read_text().splitlines()
-    base = int(subprocess.run(["nice"], capture_output=True, text=True).stdout)
-    assert {line.split("nice=")[1] for line in lines if "not integration" in line} == {str(min(19, base + 19))}
-    assert {line.split("nice=")[1] for line in lines if "not integration" not in line} == {str(base)}
+def test_unit_suite_runs_first_and_alone(tmp_path):
+    _, calls = _run(tmp_path, 0, 0)
+    assert [c.split()[0] + " " + c.split()[1] for c in calls] == ["start unit", "end unit", "start integ", "end integ"]
+    unit, integ = calls[0], calls[2]
+    assert "-m not integration" in unit and "--durations=3" in unit
+    assert "-m integration --durations=3" in integ
+
+
+def test_neither_suite_is_niced(tmp_path):
+    """A niced unit suite beside the integration suite starved CPU-heavy tests past their bound (CI, session 10)."""
+    _, calls = _run(tmp_path, 0, 0)
+    base = subprocess.run(["nice"], capture_output=True, text=True).stdout.strip()
+    assert {c.split()[2] for c in calls if c.startswith("start")} == {f"nice={base}"}
