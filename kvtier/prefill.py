@@ -1,10 +1,10 @@
 """Measure this machine's cold prefill rate: the wall time of ``generate(max_tokens=1)`` on fresh prompts.
 
-``probe(model, dtype, lengths, answer_prompt)`` runs ``python -m kvtier.prefill`` in a subprocess
+``probe(model, dtype, lengths, check)`` runs ``python -m kvtier.prefill`` in a subprocess
 (its own vLLM offline engine via ``kvtier.engine.make_llm``, prefix caching off, one short warm-up
 request first, then one distinct prompt per length) and returns one ``PrefillPoint`` per length,
-plus, when asked, the engine's greedy answer to one chat message (the same path as ``kvtier
-generate``: a wrong answer means the dtype computes garbage). ``measure_prefill`` returns the
+plus, when asked, the engine's greedy continuation of a factual answer (``kvtier.model.AnswerCheck``,
+the chat path of ``kvtier generate``: a wrong fact means the dtype computes garbage). ``measure_prefill`` returns the
 points only. Used by ``kvtier doctor`` (1K tokens) and by anything that sizes itself to the
 machine (demo calibration). The subprocess keeps vLLM's start-up noise and state out of the
 caller; a failure or a timeout is a ``PrefillError`` with one line saying why. Importing this
@@ -19,6 +19,8 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from kvtier.model import AnswerCheck
 
 WARMUP_TOKENS = 32
 ANSWER_TOKENS = 16
@@ -52,7 +54,7 @@ def prompt_ids(length: int, salt: int, vocab: int = 49152) -> list[int]:
     return [lo + (salt * 104_729 + i * 7_919 + (i * i) % 997) % span for i in range(length)]
 
 
-def run_in_process(model: str, dtype: str, lengths: list[int], answer_prompt: str | None = None) -> ProbeResult:
+def run_in_process(model: str, dtype: str, lengths: list[int], check: AnswerCheck | None = None) -> ProbeResult:
     """Time the lengths in this process (imports vLLM; call ``apply_vllm_env`` first)."""
     from vllm import SamplingParams, TokensPrompt
 
@@ -69,7 +71,7 @@ def run_in_process(model: str, dtype: str, lengths: list[int], answer_prompt: st
 
     timed(prompt_ids(WARMUP_TOKENS, salt=0))   # first-call overheads out of the way
     points = [PrefillPoint(n, timed(prompt_ids(n, salt=i + 1))) for i, n in enumerate(lengths)]
-    answer = chat_answer(llm, answer_prompt, ANSWER_TOKENS) if answer_prompt else None
+    answer = chat_answer(llm, check.question, ANSWER_TOKENS, answer_start=check.answer_start) if check else None
     return ProbeResult(dtype, points, answer)
 
 
@@ -86,9 +88,10 @@ def parse_result(stdout: str, dtype: str = "") -> ProbeResult:
         raise PrefillError(f"the prefill probe printed a bad result ({type(e).__name__})") from None
 
 
-def probe(model: str | Path, dtype: str, lengths: list[int], answer_prompt: str | None = None,
+def probe(model: str | Path, dtype: str, lengths: list[int], check: AnswerCheck | None = None,
           timeout_s: float = 900) -> ProbeResult:
-    """Cold prefill time per length (and an optional greedy answer) on a fresh engine in a subprocess."""
+    """Cold prefill time per length (and, with ``check``, the greedy continuation of its answer) on a
+    fresh engine in a subprocess."""
     from kvtier.runtime import vllm_env
 
     if not lengths or any(n < 1 for n in lengths):
@@ -96,8 +99,8 @@ def probe(model: str | Path, dtype: str, lengths: list[int], answer_prompt: str 
     env = vllm_env(kv_cache_space_gib=1)
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     cmd = [sys.executable, "-m", "kvtier.prefill", str(model), dtype, ",".join(map(str, lengths))]
-    if answer_prompt:
-        cmd.append(answer_prompt)
+    if check:
+        cmd += [check.question, check.answer_start]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s,
                               stdin=subprocess.DEVNULL)
@@ -116,7 +119,8 @@ def measure_prefill(model: str | Path, dtype: str, lengths: list[int], timeout_s
 
 def _main(argv: list[str]) -> int:
     model, dtype, lengths = argv[0], argv[1], [int(x) for x in argv[2].split(",")]
-    result = run_in_process(model, dtype, lengths, argv[3] if len(argv) > 3 else None)
+    check = AnswerCheck(argv[3], argv[4], "") if len(argv) > 4 else None
+    result = run_in_process(model, dtype, lengths, check)
     print(_RESULT + json.dumps(asdict(result)), flush=True)
     return 0
 

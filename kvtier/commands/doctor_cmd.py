@@ -4,7 +4,8 @@ Rows: python, platform, torch, vLLM, CPU model, torch CPU capability, native bf1
 dtype with its reason, the bundled model, cache folders; with ``--load`` also the model loaded
 with transformers, the cold prefill rate of a ~1K-token prompt (offline vLLM engine in a
 subprocess, prefix caching off, 1 output token) with the chosen dtype, and that engine's greedy
-answer to the bundled model's check question (a wrong answer is a problem). A forced dtype this CPU
+continuation of the bundled model's check answer ("The capital of France is" -> Paris; a wrong fact
+is a problem). A forced dtype this CPU
 only emulates is a warning (exit 0); a missing piece is a ``problem:`` line and exit 1.
 """
 
@@ -24,13 +25,14 @@ from rich.table import Table
 from kvtier.bytecode import BytecodeStatus, bytecode_status
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
 from kvtier.compute import CpuFacts, DtypeChoice, cpu_facts
+from kvtier.model import AnswerCheck
 from kvtier.prefill import PrefillError, PrefillPoint, ProbeResult, probe
 
 console = Console()
 err_console = Console(stderr=True)
 
 PREFILL_TOKENS = 1024
-Measure = Callable[[str, str, list[int], str | None], ProbeResult]
+Measure = Callable[[str, str, list[int], AnswerCheck | None], ProbeResult]
 
 
 def _version(dist: str) -> str | None:
@@ -166,23 +168,23 @@ def run_doctor(load: bool, choice: DtypeChoice, facts: CpuFacts, measure: Measur
 
 
 def _prefill(table: Table, problems: list[str], choice: DtypeChoice, model: str, measure: Measure) -> None:
-    from kvtier.model import VERIFY_EXPECT, VERIFY_PROMPT
+    from kvtier.model import VERIFY
 
     with console.status(f"measuring cold prefill of {PREFILL_TOKENS} tokens in {choice.dtype}"):
         try:
-            result = measure(model, choice.dtype, [PREFILL_TOKENS], VERIFY_PROMPT)
+            result = measure(model, choice.dtype, [PREFILL_TOKENS], VERIFY)
         except PrefillError as e:
             table.add_row("prefill", f"[red]{e}[/]")
             problems.append(f"prefill measurement failed: {e}")
             return
     table.add_row(*prefill_row(choice, result.points))
-    answer = (result.answer or "").strip().replace("\n", " ")
-    if VERIFY_EXPECT.lower() in answer.lower():
+    answer = (VERIFY.answer_start + (result.answer or "")).strip().replace("\n", " ")
+    if VERIFY.passes(result.answer):
         table.add_row(f"answer ({choice.dtype})", f"[green]{answer[:80]}[/]")
     else:
         table.add_row(f"answer ({choice.dtype})", f"[red]{answer[:80]!r}[/]")
-        problems.append(f"the engine in {choice.dtype} answers {VERIFY_PROMPT!r} with {answer[:80]!r} "
-                        f"(expected {VERIFY_EXPECT!r}): this dtype computes wrong results here")
+        problems.append(f"the engine in {choice.dtype} answers {VERIFY.question!r} with {answer[:80]!r} "
+                        f"(expected {VERIFY.expect!r}): this dtype computes wrong results here")
 
 
 def register(app: typer.Typer) -> None:

@@ -11,7 +11,7 @@ import typer
 
 from kvtier.commands import doctor_cmd
 from kvtier.compute import choose_dtype, facts_from
-from kvtier.model import ModelStatus
+from kvtier.model import VERIFY, AnswerCheck, ModelStatus
 from kvtier.prefill import PrefillError, PrefillPoint, ProbeResult, parse_result, prompt_ids
 
 AVX2 = facts_from("model name\t: AMD EPYC 7B13\nflags\t\t: sse2 avx avx2 fma f16c\n", "AVX2")
@@ -44,14 +44,14 @@ def _run(load, choice, facts, measure):
 def test_avx2_auto_prints_cpu_choice_and_measured_rate(ready_model, capsys):
     calls = []
 
-    def measure(model, dtype, lengths, prompt):
-        calls.append((model, dtype, lengths))
-        return ProbeResult(dtype, [PrefillPoint(1024, 2.0)], "The capital of France is Paris.")
+    def measure(model, dtype, lengths, check):
+        calls.append((model, dtype, lengths, check))
+        return ProbeResult(dtype, [PrefillPoint(1024, 2.0)], " Paris.")
 
     rc = _run(True, choose_dtype("auto", facts=AVX2, env={}), AVX2, measure)
     out, err = capsys.readouterr()
     assert rc == 0, out + err
-    assert calls == [(str(ready_model), "float32", [1024])]
+    assert calls == [(str(ready_model), "float32", [1024], VERIFY)]
     for part in ("AMD EPYC 7B13", "avx2", "AVX2", "native bf16", "no (bf16 matmul is emulated", "float32",
                  "auto:", "prefill (1024 tokens, float32)", "512 tokens/s", "2.00 s",
                  "answer (float32)", "The capital of France is Paris."):
@@ -74,7 +74,7 @@ def test_forced_emulated_dtype_warns_but_passes(ready_model, capsys):
 
 
 def test_failed_measurement_is_a_problem(ready_model, capsys):
-    def measure(model, dtype, lengths, prompt):
+    def measure(model, dtype, lengths, check):
         raise PrefillError("the prefill probe did not finish in 900 s")
 
     rc = _run(True, choose_dtype("auto", facts=AVX2, env={}), AVX2, measure)
@@ -87,6 +87,21 @@ def test_wrong_answer_is_a_problem(ready_model, capsys):
               lambda m, d, n, q: ProbeResult(d, [PrefillPoint(1024, 9.0)], "!!!!!!!!"))
     _, err = capsys.readouterr()
     assert rc == 1 and "the engine in float16 answers" in err and "computes wrong results" in err
+
+
+def test_wrong_fact_after_the_answer_start_is_a_problem(ready_model, capsys):
+    rc = _run(True, choose_dtype("auto", facts=SPR, env={}), SPR,
+              lambda m, d, n, q: ProbeResult(d, [PrefillPoint(1024, 0.5)], " London."))
+    out, err = capsys.readouterr()
+    assert rc == 1 and "'The capital of France is London.'" in err and "expected 'Paris'" in err
+
+
+def test_the_check_asks_for_the_fact_not_the_phrasing():
+    """The bare question let bf16 on an Intel AMX CPU open with "L'Étoile, la Marseillaise, ..." (a near-tie
+    at the first token, not wrong compute); the check starts the answer, so only the fact is asked."""
+    assert VERIFY.answer_start.endswith("is") and VERIFY.expect.lower() not in VERIFY.answer_start.lower()
+    assert VERIFY.passes(" Paris.") and VERIFY.passes(" PARIS") and not VERIFY.passes(" L'Étoile") and not VERIFY.passes(None)
+    assert AnswerCheck("q", "a", "x").passes("...x...")
 
 
 def test_no_load_does_not_measure(ready_model, capsys):
