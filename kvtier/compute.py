@@ -3,8 +3,8 @@
 ``cpu_facts()`` reads torch's CPU capability and ``/proc/cpuinfo`` (model name and flags);
 ``choose_dtype()`` picks the compute dtype for the bundled model: bfloat16 only where the
 CPU has native bf16 arithmetic (x86 ``avx512_bf16`` / ``amx_bf16``, ARM ``bf16`` / ``svebf16``),
-float32 otherwise — on an AVX2-only CPU torch's bf16 matmul is emulated (issue 10 measured
-it ~30x slower than float32 on an AMD EPYC AVX2 machine). ``kv_bytes_per_token()`` / ``kv_bytes()`` are THE formula for KV sizes
+float32 otherwise — on an AVX2-only CPU torch's bf16 matmul is emulated (measured
+~30x slower than float32 on an AMD EPYC AVX2 machine). ``kv_bytes_per_token()`` / ``kv_bytes()`` are THE formula for KV sizes
 (2 (K and V) x layers x kv_heads x head_dim x itemsize); every other module calls them.
 
 Everything here is side-effect free except reading ``/proc/cpuinfo`` and the environment;

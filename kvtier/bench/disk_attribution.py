@@ -1,5 +1,5 @@
 """Where a disk tier's verified read loses time against a raw read: the pieces `kvtier bench store`
-adds to its headline variant (issue 12: a baseline must be a real ceiling, and a gap to it must be
+adds to its headline variant (a baseline must be a real ceiling, and a gap to it must be
 explained, not only printed).
 
 * ``verify_speed``: the checksum a verified read computes, on one core (the ceiling of a verified

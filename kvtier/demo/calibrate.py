@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 #: Cold prefill of 1,024 tokens on the machine the demos' default sizes were tuned on (AVX-512 with
-#: native bf16, one engine core; issue #10's measurement). The defaults took ~15 min there.
+#: native bf16, one engine core). The defaults took ~15 min there.
 REFERENCE_PREFILL_1K_S = 1.6
 
 #: Prompt lengths measured by default (short: the calibration must stay around a minute on slow CPUs).
@@ -194,8 +194,8 @@ def _replay_fresh(url: str, prompts: Sequence[tuple[str, list[int]]], max_tokens
                   what: str) -> list[Any]:
     """Send ``prompts`` ((id, token ids) each) at once, closed loop, and return their records;
     CalibrationError naming ``what`` when the replay or any request failed."""
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayError, ReplayOptions, replay_conversations
+    from kvtier.client.stream import ClientOptions
+    from kvtier.client.replay import ReplayError, ReplayOptions, replay_conversations
     from kvtier.workload.format import Conversation, Turn
 
     convs = [Conversation(id=cid, turns=[Turn(prompt_token_ids=ids, max_tokens=max_tokens)]) for cid, ids in prompts]

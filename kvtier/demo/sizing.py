@@ -22,16 +22,16 @@ turn ended and needs W seconds of the engine for its prefill (the fixed cost plu
 uncached part), with the engine shared equally by the requests in flight, then decodes the tokens it
 generates one per decode step of the requests decoding together at that moment (the calibration's
 step at that batch), getting the decoding requests' share of the engine. So the end of the run, where the
-last users' long conversations run alone (mostly think time), is in the estimate: last session's
+last users' long conversations run alone (mostly think time), is in the estimate: a
 quick demo on a 2-core AVX2 machine took 121/110/110 s per configuration, the earlier formula
 ``max(W, (W + think) / users)`` said 78/63/62 s, this model with the requests' measured cached
 tokens 120/105/104 s. Uncached parts use the share of the ideal hit rate each configuration
-reached in the reference runs (docs/results.md). The decode term came in session 7: the live-history
+reached in the reference runs (docs/results.md). Why decode is modelled: the live-history
 demo (replies of ~50 tokens) took 318/267/284 s per configuration on the AVX2 machine against an
-estimate without decode of 252/215/194 s. Session 7's term charged every token step(users) / users,
-as if all users always decoded together; users think, so fewer requests share a step, and runs took
-1.16-1.47x that estimate on both CPU classes (15 configurations, docs/results.md, session 10); the
-in-flight decode model came within 0.91-1.11x of the same runs. Facts without per-conversation turns (aggregates only)
+estimate without decode of 252/215/194 s. Charging every token step(users) / users, as if all users
+always decoded together, is too low: users think, so fewer requests share a step, and runs took
+1.16-1.47x that estimate on both CPU classes (15 configurations); the in-flight decode model came
+within 0.91-1.11x of the same runs. Facts without per-conversation turns (aggregates only)
 fall back to that earlier formula. Side-effect free.
 """
 

@@ -1,9 +1,9 @@
 """The decode term of the companion demo's estimate: the calibration times a decode step with 1 and
 DECODE_BATCH requests, and a live-history turn decodes its tokens one per step of the requests
 decoding together at that moment, sharing the engine with the requests in flight. Without a decode
-term the live demo ran 1.25-1.46x its estimate (session 7); with every user assumed to be decoding
+term the live demo ran 1.25-1.46x its estimate; with every user assumed to be decoding
 together (a token cost step(users) / users of the engine) it still ran 1.16-1.47x on both CPU
-classes (session 10: users think, so fewer requests share each step)."""
+classes (users think, so fewer requests share each step)."""
 
 from __future__ import annotations
 

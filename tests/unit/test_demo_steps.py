@@ -17,7 +17,7 @@ from kvtier.server import build_command
 
 FACTS = ModelFacts(path=Path("/nonexistent/model"), kv_bytes_per_token=46_080, max_model_len=8192, dtype="float32")
 WF = WorkloadFacts(requests=104, prompt_tokens=162_213, ideal_hit_tokens=129_536, think_s=500.0, max_prompt_tokens=3900)
-# this AVX2 VM (session 9 calibration-like): 256 / 512 / 1024 tokens in 1.3 / 2.9 / 6.9 s
+# a slow AVX2 VM's calibration: 256 / 512 / 1024 tokens in 1.3 / 2.9 / 6.9 s
 SLOW = fit_profile([(256, 1.3), (512, 2.9), (1024, 6.9)])
 
 

@@ -3,7 +3,7 @@
 On machines with PYTHONDONTWRITEBYTECODE=1 (these have it) Python never caches what it compiles, and
 setup installs with pip's --no-compile; without the explicit compileall step every vLLM process (three
 per server) recompiled torch, vllm and transformers from source: 34 s of imports instead of 16 s, about
-half of each of the suite's ~25 server starts (CI session 5: 85-90 s per start, session 6: ~45 s).
+half of each of the suite's ~25 server starts (85-90 s per start in CI without it, ~45 s with it).
 Shown to fail without the step: with one .pyc of a fresh CI venv moved away, the test of that module fails.
 """
 

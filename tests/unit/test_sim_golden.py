@@ -3,7 +3,7 @@ and with several units per chunk, a generated companion workload in closed loop,
 eviction, RAM / SSD / shared tiers, preemption on and off, promotions, a 3-machine cluster)
 must give exactly the summary and per-request arrays recorded in ``data/sim_golden.json``.
 
-The golden file was written by the simulator *before* session 5's speed work (commit 45f4acd),
+The golden file was written by the simulator *before* its speed work (commit 45f4acd),
 so an optimisation that changes any eviction, hit, step or timing shows up here. Regenerate
 only for an intended model change: ``python tests/unit/test_sim_golden.py --write``.
 """

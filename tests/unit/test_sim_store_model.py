@@ -1,5 +1,5 @@
 """The simulator's StoreModel (bound-method caches, specialised guards, per-request accounting)
-behaves exactly like the plain model it replaced: the reference below is session 4's StoreModel,
+behaves exactly like the plain model it replaced: the reference below is the original StoreModel,
 loops over tiers and the general guard, on the store's own eviction code (kvtier.eviction), while
 the model under test uses what it uses in a simulation (kvtier.sim.lru.LeanLRU for LRU tiers).
 
@@ -25,7 +25,7 @@ CHUNK = 1000
 
 
 class _RefStore:
-    """Session 4's StoreModel, verbatim in behaviour."""
+    """The original StoreModel, verbatim in behaviour."""
 
     def __init__(self, tiers: list[TierModel], promote_min_hits: int) -> None:
         self.tiers, self.promote_min_hits = tiers, promote_min_hits

@@ -56,7 +56,7 @@ def test_kvtier_worker_on_top_of_vanillas_own_growth_passes():
 
 
 def test_the_same_run_without_a_vanilla_reference_fails():
-    # the rule before session 5 (first sample + budgets) assumed vLLM's own worker is flat
+    # the earlier rule (first sample + budgets) assumed vLLM's own worker is flat
     s = summarize(OK, _run(worker=_kvtier_worker(), staging=lambda i: 2), B)
     assert not s["passed"]
     assert s["processes"]["worker"]["reference"] == "own first sample"
@@ -164,7 +164,7 @@ def test_cli_rejudges_a_folder_and_rejects_a_missing_one(tmp_path, capsys):
 
 
 def test_open_files_that_go_up_and_down_with_requests_are_not_growth():
-    # the API server's client sockets: 30-43 in both halves (session 5's kvtier soak: 35 at the
+    # the API server's client sockets: 30-43 in both halves (a kvtier soak: 35 at the
     # warm-up sample, 41 late); judged against the first half's largest value, not one sample
     fds = [30, 36, 35, 36, 40, 43, 39, 38, 35, 34, 40, 35, 35, 34, 39, 37, 37, 38, 38, 36, 38, 35, 40, 41, 41, 41,
            39, 36, 31, 33, 37]

@@ -29,7 +29,7 @@ def test_spread_and_ratio_of_rounds() -> None:
 
 def test_slow_medium_keeps_its_digits() -> None:
     # a loaded machine or a network filesystem: 0.01-0.05 GB/s. Three decimals kept one or two digits
-    # and the per-round ratio recomputed from the stored values was off by ~5% (CI, session 7).
+    # and the per-round ratio recomputed from the stored values was off by ~5% (seen in CI).
     get, raw = [0.01234, 0.01187, 0.01311], [0.04718, 0.04551, 0.04902]
     assert spread(get) == {"median": 0.01234, "min": 0.01187, "max": 0.01311}
     r = ratio_stats(get, raw)

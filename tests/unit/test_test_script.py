@@ -58,7 +58,7 @@ def test_unit_suite_runs_first_and_alone(tmp_path):
 
 
 def test_neither_suite_is_niced(tmp_path):
-    """A niced unit suite beside the integration suite starved CPU-heavy tests past their bound (CI, session 10)."""
+    """A niced unit suite beside the integration suite starved CPU-heavy tests past their bound (seen in CI)."""
     _, calls = _run(tmp_path, 0, 0)
     base = subprocess.run(["nice"], capture_output=True, text=True).stdout.strip()
     assert {c.split()[2] for c in calls if c.startswith("start")} == {f"nice={base}"}
