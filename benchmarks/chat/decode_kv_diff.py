@@ -1,7 +1,7 @@
 """Decode-time KV vs a fresh prefill of the same tokens, per layer (float32), and what it does to
-the next turn's output (issue 13).
+the next turn's output.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/chat/decode_kv_diff.py \
+    timeout 600 .venv/bin/python benchmarks/chat/decode_kv_diff.py \
         [--prompt-tokens 200] [--gen-tokens 330] [--answer-tokens 32] [--json OUT] [--from DIR]
 
 Runs ``tests/integration/save_generated_driver.py`` twice at once (one core each): ``kvtier``

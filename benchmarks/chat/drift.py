@@ -1,7 +1,7 @@
-"""Tokenization drift in live multi-turn chat (issue 13): does re-encoding the history text give back
+"""Tokenization drift in live multi-turn chat: does re-encoding the history text give back
 the token ids the model generated, and what cache hit is lost when it does not?
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/chat/drift.py \
+    timeout 600 .venv/bin/python benchmarks/chat/drift.py \
         [--conversations 24] [--turns 4] [--max-tokens 160] [--temperature 0.8] [--seed 0] [--json OUT]
 
 Seeded companion conversations (``kvtier.workload.companion``) are played with replies REALLY

@@ -7,7 +7,7 @@ parent's), and prints per configuration: measured replay seconds, the current mo
 
     .venv/bin/python benchmarks/demo_estimate/reestimate.py --model MODEL_DIR RESULTS_DIR [RESULTS_DIR ...]
 
-To compare with an earlier model, run it from a checkout of that commit (session 10: 7948aaa vs f4ac6b5).
+To compare with an earlier model, run it from a checkout of that commit (e.g. 7948aaa, the model before the decode term was fixed, vs f4ac6b5).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Does vLLM's ``long_prefill_token_threshold`` let a kvtier hit overtake a cold prefill? (issue 13)
+"""Does vLLM's ``long_prefill_token_threshold`` let a kvtier hit overtake a cold prefill?
 
-    flock /tmp/kvtier-heavy.lock .venv/bin/python benchmarks/engine_sched/prefill_cap_probe.py --caps 0,256
+    .venv/bin/python benchmarks/engine_sched/prefill_cap_probe.py --caps 0,256
 
 One kvtier (RAM) server per cap, vLLM's own prefix cache off (every cached token comes from kvtier).
 Per trial: a returning turn's history H (~900 tokens) is sent once (kvtier saves it); then a cold

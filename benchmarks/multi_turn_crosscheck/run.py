@@ -44,8 +44,8 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvtier.bench.client import ClientOptions
-from kvtier.bench.replay import ReplayOptions, replay_conversations
+from kvtier.client.stream import ClientOptions
+from kvtier.client.replay import ReplayOptions, replay_conversations
 from kvtier.model import default_model_path
 from kvtier.server import ServerSpec, VllmServer
 from kvtier.workload.format import Conversation, Turn

@@ -1,6 +1,6 @@
-"""Other requests' TTFT while the shared backend is paused (issue 11, section 2).
+"""Other requests' TTFT while the shared backend is paused.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_stall/ttft_while_paused.py \
+    timeout 600 .venv/bin/python benchmarks/shared_stall/ttft_while_paused.py \
         --juicefs [--others 8] [--doc-tokens 4096] [--json OUT.json]
     ... --shared DIR --pause-pid PID        # your own mount: SIGSTOP that process (and its children)
 

@@ -1,7 +1,7 @@
 """`kvtier demo longdoc --shared sharedfs,valkey,mooncake` on real backends started here.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/longdoc.py [--quick] \
-        --out /tmp/longdoc-shared --json benchmarks/results/demo-longdoc-shared.json
+    timeout 600 .venv/bin/python benchmarks/shared_tiers/longdoc.py [--quick] \
+        --out /tmp/longdoc-shared --json /tmp/longdoc-shared/demo-longdoc-shared.json
 
 The demo's recompute / RAM hit / SSD hit columns, then one column per backend: a fresh server
 with empty local tiers (new RAM, no SSD) reading that backend ("another machine"; for JuiceFS

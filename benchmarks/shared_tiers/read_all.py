@@ -3,7 +3,7 @@ the `bench ttft` read phase (ttft.py --phase read: kvtier SSD reader + one fresh
 backend) and then `kvtier demo longdoc --shared ...` (longdoc.py), each on its own directory /
 key space of the same servers.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/read_all.py \
+    timeout 600 .venv/bin/python benchmarks/shared_tiers/read_all.py \
         --workdir /var/tmp/kvtier-ttft-shared --ttft-json T.json --ttft-md T.md \
         --longdoc-out /tmp/longdoc-shared --longdoc-json L.json [--full-longdoc]
 """

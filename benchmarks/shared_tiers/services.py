@@ -43,8 +43,8 @@ class Endpoints:
     def longdoc_options(self, kinds: list[str]) -> list[str]:
         o = ["--shared", ",".join(kinds)]
         if self.write_dir and "sharedfs" in kinds:
-            o += ["--shared-dir", str(self.write_dir), "--shared-dir-other", str(self.read_dir),
-                  "--shared-evict", str(self.data_dir)]
+            o += ["--sharedfs", str(self.write_dir), "--sharedfs-read", str(self.read_dir),
+                  "--sharedfs-evict", str(self.data_dir)]
         o += ["--valkey", self.valkey] if self.valkey and "valkey" in kinds else []
         return o + (["--mooncake", self.mooncake] if self.mooncake and "mooncake" in kinds else [])
 
@@ -53,7 +53,7 @@ class Endpoints:
 #: a shared-tier hit is promoted into the reading engine's own RAM (and SSD) tier, so that machine
 #: reads each chunk from the shared filesystem once and JuiceFS's local copy of every block read
 #: (written, checksummed, as dirty page cache on a 2-core VM) is pure overhead — JuiceFS's docs advise
-#: turning the cache off for read-once data. Measured: docs/results.md, "shared-FS hit" (session 7).
+#: turning the cache off for read-once data. Why: docs/store-design.md, "The client's own block cache".
 READER_MOUNT_OPTIONS: tuple[str, ...] = ("--cache-size", "0")
 
 

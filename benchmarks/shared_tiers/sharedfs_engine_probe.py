@@ -1,6 +1,6 @@
 """The shared-FS column of `kvtier demo longdoc --shared sharedfs`, alone and instrumented.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/sharedfs_engine_probe.py \
+    timeout 600 .venv/bin/python benchmarks/shared_tiers/sharedfs_engine_probe.py \
         --from /tmp/longdoc-shared/longdoc --json /tmp/engine-probe.json [--kvtier '{"connector": {...}}']
 
 Reuses a finished long-document run (``--from``: its ``ssd/`` chunk files and ``workload.jsonl``):

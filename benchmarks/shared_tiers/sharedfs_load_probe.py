@@ -1,6 +1,6 @@
 """Where does a shared-filesystem hit spend its time? The engine's load path without the engine.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/sharedfs_load_probe.py \
+    timeout 600 .venv/bin/python benchmarks/shared_tiers/sharedfs_load_probe.py \
         --chunks 30 --docs 3 --json /tmp/probe.json [--scenarios default-loader2,...]
 
 A JuiceFS volume (metadata in Valkey, data in a local directory; tests/services) is written through
@@ -195,7 +195,7 @@ def main() -> int:
                 sampler = StatsSampler(mb.path)
                 c0 = sum(proc_cpu(p) for p in client_pids(mb))
                 dirty0, (dr0, dw0) = dirty_mb(), disk_io()
-                s0, cache0, t0 = proc_cpu(os.getpid()), dir_bytes(mb.cache_dir), time.perf_counter()
+                cpu0, cache0, t0 = proc_cpu(os.getpid()), dir_bytes(mb.cache_dir), time.perf_counter()
                 lookup_s = read_s = 0.0
                 if reader == "raw":
                     buf = memoryview(bytearray(CHUNK_BYTES + 8192))
@@ -253,7 +253,7 @@ def main() -> int:
                 row = {"doc": di, "seconds": round(dt, 3), "lookup_s": round(lookup_s, 3),
                        "MBps": round(len(keys) * CHUNK_BYTES / 1e6 / read_s, 1), "chunks_ok": ok,
                        "client_cpu_s": round(sum(proc_cpu(p) for p in client_pids(mb)) - c0, 2),
-                       "probe_cpu_s": round(proc_cpu(os.getpid()) - s0, 2),
+                       "probe_cpu_s": round(proc_cpu(os.getpid()) - cpu0, 2),
                        "cache_dir_written_MB": round((dir_bytes(mb.cache_dir) - cache0) / 1e6, 1),
                        "dirty_MB_before": round(dirty0), "disk_read_MB": round(dr1 - dr0),
                        "disk_written_MB": round(dw1 - dw0), "juicefs": jfs}

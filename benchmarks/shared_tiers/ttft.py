@@ -1,9 +1,9 @@
 """`kvtier bench ttft` with a hit from every shared backend, on real servers started here.
 
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/ttft.py --phase write \
+    timeout 600 .venv/bin/python benchmarks/shared_tiers/ttft.py --phase write \
         --workdir /var/tmp/kvtier-ttft-shared
-    flock /tmp/kvtier-heavy.lock timeout 600 .venv/bin/python benchmarks/shared_tiers/ttft.py --phase read \
-        --workdir /var/tmp/kvtier-ttft-shared --json benchmarks/results/ttft-shared.json --md ....md
+    timeout 600 .venv/bin/python benchmarks/shared_tiers/ttft.py --phase read \
+        --workdir /var/tmp/kvtier-ttft-shared --json /tmp/ttft-shared.json --md /tmp/ttft-shared.md
 
 One measurement split into two jobs of < 10 minutes each on a 2-core CPU (``--resume``):
 

@@ -25,7 +25,7 @@ from kvtier.keys import Namespace, chunk_keys  # noqa: E402
 from kvtier.metrics import Telemetry  # noqa: E402
 from kvtier.tiers.protocol import Deadline  # noqa: E402
 from kvtier.tiers.sharedfs import SharedFsTier  # noqa: E402
-from kvtier.tiers.sharedfs_layout import Layout  # noqa: E402
+from kvtier.tiers.sharedfs.layout import Layout  # noqa: E402
 
 NS = Namespace("bench", "f", "float32", "L", 16, 128)
 CHAIN = 256                      # a 32K-token prompt in chunks of 128 tokens

@@ -1,11 +1,11 @@
-"""Where a sharedfs get loses time against a raw read on JuiceFS, one thread (issue 11 §5's 0.70x).
+"""Where a sharedfs get loses time against a raw read on JuiceFS, one thread.
 
     .venv/bin/python benchmarks/sharedfs/get_gap.py
 
 Writes 24 chunks of 5.9 MB through mount a, then through mount b (no JuiceFS cache) reads each one in
 five ways, 3 rounds, with the volume's data directory evicted from the page cache before each pass.
 The FUSE mount's own page cache is NOT dropped, so rounds 2-3 are warm. The five ways: a raw
-open+preadv+close into a bytearray, the same with an fstat, the tier's ``sharedfs_io.read_chunk``
+open+preadv+close into a bytearray, the same with an fstat, the tier's ``sharedfs.io.read_chunk``
 (read + verify into the thread's bounce buffer), ``SharedFsTier.read_into`` (adds the pool
 hand-off, the copy out and the accounting) and ``read_into(..., lent=True)`` (the payload read
 straight into the caller's buffer: no copy; how the connector's async loads read). Prints the median ms per chunk of each pass.
@@ -52,7 +52,7 @@ def main() -> int:
     from kvtier.config import SharedFsConfig
     from kvtier.keys import Namespace, chunk_keys
     from kvtier.metrics import Telemetry
-    from kvtier.tiers import sharedfs_io as sio
+    from kvtier.tiers.sharedfs import io as sio
     from kvtier.tiers.protocol import Deadline
     from kvtier.tiers.sharedfs import SharedFsTier
 

@@ -1,7 +1,7 @@
 """Shared-fs tier on a real JuiceFS volume (Valkey metadata, local-dir data, two mounts).
 
-    flock /tmp/kvtier-heavy.lock .venv/bin/python benchmarks/sharedfs/juicefs_bench.py \
-        --json benchmarks/results/sharedfs-juicefs.json
+    .venv/bin/python benchmarks/sharedfs/juicefs_bench.py \
+        --json benchmarks/results/sharedfs/<date>-<cpu-class>/juicefs.json
 
 1. Lookup of a 32K-token prompt (256 chunks of 128 tokens) from a mount that did not write it:
    * cold: the first lookup on a freshly mounted client (empty kernel and client caches);

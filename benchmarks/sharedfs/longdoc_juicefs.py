@@ -1,7 +1,7 @@
 """`kvtier demo longdoc` with its shared-filesystem column on a real two-mount JuiceFS volume.
 
-    flock /tmp/kvtier-heavy.lock .venv/bin/python benchmarks/sharedfs/longdoc_juicefs.py [--quick] \
-        --json benchmarks/results/demo-longdoc-sharedfs.json
+    .venv/bin/python benchmarks/sharedfs/longdoc_juicefs.py [--quick] \
+        --json /tmp/longdoc-sharedfs.json
 
 Servers 1-2 (recompute, RAM hit, SSD hit) write the shared tier through mount "a"; server 3 is a
 fresh process with empty local tiers reading through mount "b" (its own client cache).
@@ -30,8 +30,8 @@ def main() -> int:
         (m1.path / "kv").mkdir()
         while not (m2.path / "kv").is_dir():
             time.sleep(0.05)
-        argv = [sys.executable, "-m", "kvtier.cli", "demo", "longdoc", "--shared-dir", str(m1.path / "kv"),
-                "--shared-dir-other", str(m2.path / "kv"), "--json", str(a.json.resolve()),
+        argv = [sys.executable, "-m", "kvtier.cli", "demo", "longdoc", "--sharedfs", str(m1.path / "kv"),
+                "--sharedfs-read", str(m2.path / "kv"), "--json", str(a.json.resolve()),
                 *(["--quick"] if a.quick else [])]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         return subprocess.run(argv, env=env, cwd=ROOT).returncode

@@ -1,8 +1,8 @@
-"""Lookup latency and one janitor eviction pass vs the number of chunk files (issue #11 §3).
+"""Lookup latency and one janitor eviction pass vs the number of chunk files.
 
-    flock /tmp/kvtier-heavy.lock .venv/bin/python benchmarks/sharedfs/scale.py --local /tmp/sfs-scale \
+    .venv/bin/python benchmarks/sharedfs/scale.py --local /tmp/sfs-scale \
         --files 10000 100000 1000000
-    flock /tmp/kvtier-heavy.lock .venv/bin/python benchmarks/sharedfs/scale.py --juicefs --files 10000 100000
+    .venv/bin/python benchmarks/sharedfs/scale.py --juicefs --files 10000 100000
 
 Files are sparse (64-byte payload, 4,180 bytes apparent size, no data blocks): the metadata is
 what is measured. Populations grow in place (10k, then 90k more, ...); the directory is removed
@@ -26,8 +26,8 @@ from common import CHAIN, SIZE, chains, cpu_name, juicefs_volume, open_tier, pop
 
 from kvtier.config import SharedFsConfig
 from kvtier.metrics import Telemetry
-from kvtier.tiers.sharedfs_janitor import Janitor
-from kvtier.tiers.sharedfs_layout import BurstEvents
+from kvtier.tiers.sharedfs.janitor import Janitor
+from kvtier.tiers.sharedfs.layout import BurstEvents
 
 
 def measure(base: Path, sizes: list[int], threads: int, label: str) -> list[dict]:

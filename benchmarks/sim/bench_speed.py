@@ -6,7 +6,7 @@ same file with json.loads alone, the floor of any simulator that reads it):
 2. 12,000 requests with ~12K-token prompts (synthetic Mooncake-style: 24 hash ids of 512 tokens,
    Zipf-shared prefixes), trace mode;
 3. 1,000,000 requests of the same generator with ~4K-token prompts (--million-blocks).
-Run: flock /tmp/kvtier-heavy.lock python benchmarks/sim/bench_speed.py [--json OUT] [--skip-million]
+Run: python benchmarks/sim/bench_speed.py [--json OUT] [--skip-million]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 3. `kvtier bench run` of a small generated companion workload on the same server
    (vanilla vLLM, prefix cache on; closed loop),
 4. `kvtier simulate` of the same workload with the profile; prediction error in the JSON/MD.
-Run: flock /tmp/kvtier-heavy.lock python benchmarks/sim/calibrate_cpu.py   (about 6-8 minutes)
+Run: python benchmarks/sim/calibrate_cpu.py   (about 6-8 minutes)
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ def cpu_name() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim-calibration-2026-12-01")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "simulator" / "2026-12-01-avx2" / "calibration")
     ap.add_argument("--conversations", type=int, default=10)
     ap.add_argument("--profile", type=Path, help="skip the calibration: use this profile (same server spec)")
     args = ap.parse_args()
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayOptions, run_replay
+    from kvtier.client.stream import ClientOptions
+    from kvtier.client.replay import ReplayOptions, run_replay
     from kvtier.model import default_model_path
     from kvtier.server import ServerSpec, VllmServer
     from kvtier.sim.calibrate import CalibrateOptions, calibrate

@@ -1,6 +1,6 @@
 """Does the simulator reproduce the published GPU study? (pure simulation, GPU presets)
 
-The study (the issue's figures): on one H100/H200 with a 7B-class model, interleaved
+The study (its published figures): on one H100/H200 with a 7B-class model, interleaved
 multi-turn AI-companion chat: kvtier RAM+SSD about 4x lower mean TTFT than vLLM alone,
 RAM-only about 1.4x, prefix hit rate from ~3% to > 50%; long-document QA (> 20K-token
 prompts): 13x lower TTFT, 8x more users under TTFT <= 2 s, > 4x lower TTFT at 30 users.
@@ -16,8 +16,8 @@ vLLM's own KV cache is what the preset's HBM leaves; RAM 128 GiB over PCIe, SSD 
 Gen4. The sensitivity table varies one parameter at a time around the companion base.
 
 Equivalent CLI for one row: kvtier workload companion -o c.jsonl --conversations 1200 ... ;
-kvtier simulate c.jsonl -p h100/llama-3-8b --ram 128GiB --ssd 2TiB -c 250 --json -
-Run: flock /tmp/kvtier-heavy.lock timeout 600 python benchmarks/sim/gpu_study.py [--out DIR] [--quick]
+kvtier simulate c.jsonl -p h100/llama-3-8b --memory-capacity 128GiB --disk-capacity 2TiB -c 250 --json -
+Run: timeout 600 python benchmarks/sim/gpu_study.py [--out DIR] [--quick]
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def max_users(trace, preset: str, cfg: str, slo_s: float, users: list[int]) -> i
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim-gpu-study-2026-12-01")
+    ap.add_argument("--out", type=Path, default=Path("results") / "gpu-study")
     ap.add_argument("--quick", action="store_true", help="a quarter of the workload (a smoke run)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

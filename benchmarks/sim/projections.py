@@ -59,7 +59,7 @@ def render(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim-projections-2026-12-01")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "simulator" / "2026-12-01-avx2" / "cluster-projection")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []

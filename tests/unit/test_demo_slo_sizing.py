@@ -8,7 +8,7 @@ from kvtier.demo import slo
 from kvtier.demo.calibrate import fit_profile
 from kvtier.demo.slo_sizing import MIN_FIXED_USERS, estimate_slo_run, fit_slo_size
 
-# The 2026-12-01 run on the 2-vCPU AVX2 machine (benchmarks/results/demo-slo-2026-12-01-avx2-cut-off/):
+# The 2026-12-01 run on the 2-vCPU AVX2 machine (benchmarks/results/slo/2026-12-01-avx2/, stopped at 50 minutes):
 # its calibration, and the wall time of vanilla's three document lengths (warm-up + search + fixed
 # point, from the per-point files' times), the run that showed the demo's old "about 15 minutes" false.
 AVX2 = fit_profile([(256, 1.0323), (512, 1.9335), (1024, 4.2003)])
@@ -30,7 +30,7 @@ def test_estimate_matches_each_measured_vanilla_length_and_the_searched_points()
 
 def test_fit_shrinks_in_the_documented_order_and_never_repeats_or_lengths():
     f = fit_slo_size(slo.DEFAULT, LENGTHS, 2.0, AVX2, AVX2_START_S, 128, target_s=900)
-    # never below 3 requests per user (kvtier.bench.slo.MIN_STEADY_ROUNDS): the defaults already are 3
+    # never below 3 requests per user (kvtier.client.slo.MIN_STEADY_ROUNDS): the defaults already are 3
     assert f.changed == ("fixed_users 16 -> 8", "warm_questions 2 -> 1") and f.size.min_requests_per_user == 3
     assert not f.fits and f.estimate.seconds > 900                      # said, in yellow, by the demo
     assert (f.size.repeats, f.size.lengths, f.size.fixed_users) == (3, 3, MIN_FIXED_USERS)

@@ -140,7 +140,7 @@ def test_threads_started_on_the_first_requests_are_not_growth():
 
 
 def test_roles_and_slope():
-    assert [role(n) for n in (*NAMES.values(), "python -B -c")] == ["api_server", "engine_core", "worker", "helper"]
+    assert [role(n) for n in (*NAMES.values(), "python -B -c")] == ["api_server", "engine_core", "worker", "other"]
     assert abs(slope([(0, 1.0), (1, 3.0), (2, 5.0)]) - 2.0) < 1e-9
     assert slope([(1, 1.0)]) is None
 
