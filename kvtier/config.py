@@ -5,6 +5,10 @@ variables, then explicit overrides. Nested fields use ``__`` in environment name
 e.g. ``KVTIER_STORE__DISK__PATH=/mnt/nvme/kvtier`` or
 ``KVTIER_STORE__MEMORY__CAPACITY=4GiB``. Every bad value raises ``ConfigError``
 with one line naming the field and the problem.
+
+``KVTIER_CONFIG_FILE`` names the YAML file where no file is given explicitly
+(``config_file``): ``kvtier serve`` and the connector in the vLLM process read it,
+as LMCache reads ``LMCACHE_CONFIG_FILE``. ``load_config`` itself never does.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 ENV_PREFIX = "KVTIER_"
+CONFIG_FILE_ENV = "KVTIER_CONFIG_FILE"
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "ki": 2**10, "kib": 2**10, "m": 10**6, "mb": 10**6,
@@ -341,6 +346,16 @@ def _first_error_line(err: ValidationError) -> str:
     if "input" in e and not isinstance(value, dict) and repr(value) not in msg:
         return f"invalid config: {loc}: {msg} (got {value!r})"
     return f"invalid config: {loc}: {msg}"
+
+
+def config_file(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Path | None:
+    """The config file to read: ``path`` when given, else ``$KVTIER_CONFIG_FILE`` (unset or empty: None).
+
+    Side-effect free; the file is not opened here (``load_config`` reports a missing one)."""
+    if path is not None and str(path) != "":
+        return Path(path)
+    value = ((os.environ if env is None else env).get(CONFIG_FILE_ENV) or "").strip()
+    return Path(value).expanduser() if value else None
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None,

@@ -1,10 +1,13 @@
 """``kvtier stats``: connector + store metrics from a running server or from a cache directory.
 
-Sources (merged by summing samples with equal names and labels):
+Sources (merged: ``kvtier.commands.stats_sources.merge``):
+- ``kvtier stats --base-url http://host:8000``: the vLLM server's kvtier processes, found by
+  ``stats_sources.discover`` (the scheduler on ``metrics.port``, default 9400 under ``kvtier serve``,
+  worker rank r on ``metrics.port + 1 + r``), plus vLLM's own prefix-cache counters from its
+  ``/metrics``; a URL ending in ``/metrics`` is read as that one endpoint. Repeatable.
 - ``kvtier stats DIR``: the JSON snapshots the connector processes write to ``DIR/_stats``
-  (or DIR itself if it holds them): ``<role>-<pid>.json``, refreshed every few seconds;
-- ``kvtier stats --url http://127.0.0.1:PORT/metrics`` (repeatable): live Prometheus text,
-  e.g. the scheduler process on ``metrics.port`` and the worker on ``metrics.port + 1``.
+  (or DIR itself if it holds them): ``<role>-<pid>.json``, refreshed every few seconds.
+``--json PATH`` writes the merged samples (``-``: stdout, the tables then go to stderr).
 """
 
 from __future__ import annotations
@@ -18,8 +21,12 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
-err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
+from kvtier.commands.aliases import BASE_URL, JSON_SWITCH, aliased
+from kvtier.commands.json_out import is_stdout, json_option, write_json_out
+from kvtier.commands.stats_sources import Source, SourceError, discover, merge
+
+err = Console(stderr=True, soft_wrap=True, highlight=False)  # one line per error, never wrapped
+DEFAULT_METRICS_PORT = 9400     # kvtier serve's default metrics.port
 
 _SUMMARY = [
     ("lookups", "kvtier_connector_lookups_total"),
@@ -50,16 +57,6 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def merge(samples: list[dict[str, float]]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for s in samples:
-        for k, v in s.items():
-            if k.endswith("_created"):
-                continue
-            out[k] = out.get(k, 0.0) + v
-    return out
-
-
 def from_directory(directory: Path, live_only: bool) -> tuple[dict[str, float], list[dict]]:
     docs = []
     for p in snapshot_files(directory):
@@ -75,64 +72,32 @@ def from_directory(directory: Path, live_only: bool) -> tuple[dict[str, float], 
     return merge([d.get("samples", {}) for d in docs]), docs
 
 
-def from_url(url: str) -> dict[str, float]:
-    import httpx
-    from prometheus_client.parser import text_string_to_metric_families
-
-    text = httpx.get(url, timeout=5.0).text
-    out: dict[str, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if not s.name.startswith("kvtier_") or s.name.endswith("_created"):
-                continue
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[f"{s.name}{{{labels}}}" if labels else s.name] = float(s.value)
-    return out
-
-
 def total(samples: dict[str, float], name: str) -> tuple[float, dict[str, float]]:
     """Sum of a metric over its labels, and the per-label-set values."""
     per = {k[len(name):].strip("{}"): v for k, v in samples.items() if k == name or k.startswith(name + "{")}
     return sum(per.values()), per
 
 
-def stats(
-    directory: Path = typer.Argument(None, help="Disk tier directory (or its _stats folder) to read snapshots from."),
-    url: list[str] = typer.Option(None, "--url", help="Prometheus endpoint(s) of running connector processes."),
-    live_only: bool = typer.Option(False, help="Ignore snapshots of processes that have exited."),
-    as_json: bool = typer.Option(False, "--json", help="Print merged samples as JSON."),
-) -> None:
-    """Print kvtier's connector and store metrics."""
-    if directory is None and not url:
-        raise typer.BadParameter("give a cache DIRECTORY or at least one --url")
-    merged: list[dict[str, float]] = []
-    docs: list[dict] = []
-    if directory is not None:
-        if not directory.is_dir():
-            raise typer.BadParameter(f"{directory} is not a directory")
-        s, docs = from_directory(directory, live_only)
-        if not docs:
-            err.print(f"[red]no kvtier stats snapshots under {directory}[/]")
-            raise typer.Exit(1)
-        merged.append(s)
-    for u in url or []:
-        try:
-            merged.append(from_url(u))
-        except Exception as e:
-            err.print(f"[red]cannot read {u}: {e}[/]")
-            raise typer.Exit(1)
-    samples = merge(merged)
-    if as_json:
-        print(json.dumps(samples, indent=2, sort_keys=True))
-        return
-    if docs:
-        src = Table(title="snapshots")
-        for c in ("file", "role", "alive", "age"):
-            src.add_column(c)
-        for d in docs:
-            src.add_row(d["file"], d.get("role", "?"), "yes" if d["alive"] else "exited",
-                        f"{time.time() - d.get('time', 0):.0f}s")
-        console.print(src)
+def _size(n: float) -> str:
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 2**20:.1f} MiB"
+
+
+def _sources_table(docs: list[dict], sources: list[Source]) -> Table:
+    src = Table(title="sources")
+    for c in ("source", "role", "state"):
+        src.add_column(c)
+    for d in docs:
+        src.add_row(d["file"], d.get("role", "?"), ("alive" if d["alive"] else "exited") +
+                    f", {time.time() - d.get('time', 0):.0f} s old")
+    for s in sources:
+        src.add_row(s.url, s.role, f"{len(s.samples)} samples")
+    return src
+
+
+def _kvtier_table(samples: dict[str, float]) -> Table:
     table = Table(title="kvtier")
     table.add_column("metric")
     table.add_column("total", justify="right")
@@ -150,8 +115,61 @@ def stats(
     looked, _ = total(samples, "kvtier_connector_lookup_tokens_total")
     if looked:
         table.add_row("token hit rate", f"{claimed / looked:.1%}", "")
-    console.print(table)
+    _, used = total(samples, "kvtier_tier_usage_bytes")
+    _, cap = total(samples, "kvtier_tier_capacity_bytes")
+    if cap:
+        table.add_row("tier usage", "", ", ".join(f"{k.removeprefix('tier=')}: {_size(used.get(k, 0))} of {_size(v)}"
+                                                  for k, v in sorted(cap.items())))
+    q, h = samples.get("vllm:prefix_cache_queries_total"), samples.get("vllm:prefix_cache_hits_total")
+    if q:
+        table.add_row("vLLM prefix cache hit rate", f"{(h or 0) / q:.1%}", f"{q:,.0f} tokens queried")
+    q, h = samples.get("vllm:external_prefix_cache_queries_total"), samples.get("vllm:external_prefix_cache_hits_total")
+    if q:
+        table.add_row("vLLM external (kvtier) hit rate", f"{(h or 0) / q:.1%}", f"{q:,.0f} tokens queried")
+    return table
+
+
+def stats(
+    directory: Path = typer.Argument(None, metavar="DIR", show_default=False,
+                                     help="Disk tier directory (or its _stats folder) to read snapshots from."),
+    base_url: list[str] = typer.Option(None, "--base-url", metavar="URL", help="vLLM server (http://host:8000): "
+                                       "its scheduler's and workers' kvtier metrics are found and merged; a URL "
+                                       "ending in /metrics is read as it is. Repeatable."),
+    metrics_port: int = typer.Option(DEFAULT_METRICS_PORT, "--metrics-port", help="The server's kvtier "
+                                     "metrics.port (scheduler; workers on +1, +2, ...)."),
+    live_only: bool = typer.Option(False, help="Ignore snapshots of processes that have exited."),
+    json_out: str = json_option("the merged samples"),
+) -> None:
+    """Print kvtier's connector and store metrics, merged over the scheduler and every worker."""
+    if directory is None and not base_url:
+        raise typer.BadParameter("give a cache DIRECTORY or a server --base-url")
+    console = Console(stderr=is_stdout(json_out))   # per call: stdout carries only the `--json -` document
+    merged: list[dict[str, float]] = []
+    docs: list[dict] = []
+    sources: list[Source] = []
+    if directory is not None:
+        if not directory.is_dir():
+            raise typer.BadParameter(f"{directory} is not a directory")
+        s, docs = from_directory(directory, live_only)
+        if not docs:
+            err.print(f"[red]no kvtier stats snapshots under {directory}[/]")
+            raise typer.Exit(1)
+        merged.append(s)
+    for u in base_url or []:
+        try:
+            found, vllm = discover(u, metrics_port)
+        except SourceError as e:
+            err.print(f"[red]error: {e}[/]")
+            raise typer.Exit(1)
+        sources += found
+        merged += [s.samples for s in found] + [vllm]
+    samples = merge(merged)
+    if json_out is not None:
+        write_json_out(json_out, dict(sorted(samples.items())))
+    if docs or sources:
+        console.print(_sources_table(docs, sources))
+    console.print(_kvtier_table(samples))
 
 
 def register(app: typer.Typer) -> None:
-    app.command("stats")(stats)
+    app.command("stats", cls=aliased(BASE_URL, JSON_SWITCH))(stats)

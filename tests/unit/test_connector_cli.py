@@ -1,49 +1,19 @@
-"""kvtier serve (dry run), kvtier stats (snapshots and --url), connector metric snapshots."""
+"""kvtier stats (snapshots, --base-url discovery and merging, --json PATH), connector metric snapshots."""
 
 from __future__ import annotations
 
 import json
 import os
 
+import pytest
 from typer.testing import CliRunner
 
 from kvtier.cli import _register_all, app
+from kvtier.commands.stats_sources import SourceError
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, kvtier_samples, write_snapshot
 
 _register_all()
 runner = CliRunner()
-
-
-def test_serve_dry_run_builds_the_vllm_command(tmp_path):
-    import kvtier.compute
-
-    kvtier.compute._announced.clear()     # the dtype line is said once per process: another test may have
-    r = runner.invoke(app, ["serve", "--dry-run", "--disk", str(tmp_path / "ssd"), "--ram", "1GiB",
-                            "--model", str(tmp_path), "--", "--max-model-len", "8192"])
-    assert r.exit_code == 0, r.output
-    argv = r.stdout.split()
-    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
-    assert "--enforce-eager" in argv and argv[-2:] == ["--max-model-len", "8192"]
-    assert argv[argv.index("--dtype") + 1] in ("float32", "bfloat16")    # auto, said on stderr with the reason
-    assert "dtype" in r.stderr and "auto" in r.stderr
-    kvt = json.loads(r.stdout.split("--kv-transfer-config ", 1)[1].split(" --enforce-eager")[0])
-    assert kvt["kv_connector"] == "KvtierConnector"
-    assert kvt["kv_connector_module_path"] == "kvtier.integrations.vllm.connector"
-    cfg = kvt["kv_connector_extra_config"]["kvtier_config"]
-    assert cfg["store"]["disk"] == {**cfg["store"]["disk"], "enabled": True, "path": str(tmp_path / "ssd")}
-    assert cfg["store"]["memory"]["capacity"] == 2**30
-
-
-def test_serve_refuses_chunk_size_not_multiple_of_block():
-    r = runner.invoke(app, ["serve", "--dry-run", "--chunk-size", "200"])
-    assert r.exit_code == 2
-    r = runner.invoke(app, ["serve", "--dry-run", "--chunk-size", "192", "--", "--block-size", "64"])
-    assert r.exit_code == 0, r.output
-
-
-def test_serve_bad_ram_size():
-    r = runner.invoke(app, ["serve", "--dry-run", "--ram", "lots"])
-    assert r.exit_code == 2
 
 
 def test_snapshots_and_stats_from_directory(tmp_path):
@@ -59,15 +29,18 @@ def test_snapshots_and_stats_from_directory(tmp_path):
     # a second (exited) process's snapshot is merged by summing
     other = dict(doc, pid=999999999, samples={"kvtier_connector_loaded_tokens_total": 100.0})
     (tmp_path / "_stats" / "worker-999999999.json").write_text(json.dumps(other))
-    r = runner.invoke(app, ["stats", str(tmp_path), "--json"])
+    r = runner.invoke(app, ["stats", str(tmp_path), "--json", "-"])
     assert r.exit_code == 0, r.output
-    merged = json.loads(r.output)
+    merged = json.loads(r.stdout)
     assert merged["kvtier_connector_loaded_tokens_total"] == doc["samples"]["kvtier_connector_loaded_tokens_total"] + 100
-    r = runner.invoke(app, ["stats", str(tmp_path), "--json", "--live-only"])
-    assert json.loads(r.output)["kvtier_connector_loaded_tokens_total"] == \
+    r = runner.invoke(app, ["stats", str(tmp_path), "--json", "--live-only"])      # the old switch form
+    assert "deprecated" in r.stderr
+    assert json.loads(r.stdout)["kvtier_connector_loaded_tokens_total"] == \
         doc["samples"]["kvtier_connector_loaded_tokens_total"]
-    r = runner.invoke(app, ["stats", str(tmp_path)])
-    assert r.exit_code == 0 and "tokens loaded" in r.output
+    out = tmp_path / "out" / "stats.json"
+    r = runner.invoke(app, ["stats", str(tmp_path), "--json", str(out)])
+    assert r.exit_code == 0 and "tokens loaded" in r.stdout
+    assert json.loads(out.read_text()) == merged
 
 
 def test_snapshot_writer_writes_on_stop(tmp_path):
@@ -89,18 +62,160 @@ def test_stats_from_url(tmp_path):
     port = free_port()
     assert serve(port)
     ConnectorMetrics().stored(4096, 0.001, dropped=False)
-    r = runner.invoke(app, ["stats", "--url", f"http://127.0.0.1:{port}/metrics", "--json"])
-    assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["kvtier_connector_stored_chunks_total"] >= 1
+    for flag in ("--base-url", "--url"):          # a /metrics URL is read as it is; --url: the old name
+        r = runner.invoke(app, ["stats", flag, f"http://127.0.0.1:{port}/metrics", "--json", "-"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout)["kvtier_connector_stored_chunks_total"] >= 1
 
 
-def test_serve_dtype_forced_bad_and_passthrough(tmp_path, monkeypatch):
-    monkeypatch.delenv("KVTIER_DTYPE", raising=False)
-    r = runner.invoke(app, ["serve", "--dry-run", "--model", str(tmp_path), "--dtype", "float16"])
-    assert r.exit_code == 0, r.output
-    assert r.stdout.split().count("--dtype") == 1 and "--dtype float16" in r.stdout
-    r = runner.invoke(app, ["serve", "--dry-run", "--model", str(tmp_path), "--", "--dtype", "bfloat16"])
-    assert r.exit_code == 0, r.output
-    assert r.stdout.split().count("--dtype") == 1 and "--dtype bfloat16" in r.stdout
-    r = runner.invoke(app, ["serve", "--dry-run", "--model", str(tmp_path), "--dtype", "int4"])
-    assert r.exit_code != 0 and "int4" in r.output
+# ------------------------------------------------------------------ kvtier stats --base-url
+
+SCHEDULER = """# TYPE kvtier_connector_lookups_total counter
+kvtier_connector_lookups_total 10.0
+# TYPE kvtier_connector_lookup_tokens_total counter
+kvtier_connector_lookup_tokens_total 1000.0
+# TYPE kvtier_connector_hit_tokens_total counter
+kvtier_connector_hit_tokens_total{tier="disk"} 400.0
+kvtier_connector_hit_tokens_total{tier="memory"} 100.0
+# TYPE kvtier_tier_capacity_bytes gauge
+kvtier_tier_capacity_bytes{tier="disk"} 1e9
+# TYPE kvtier_tier_usage_bytes gauge
+kvtier_tier_usage_bytes{tier="disk"} 3e8
+"""
+WORKER = """# TYPE kvtier_connector_loaded_tokens_total counter
+kvtier_connector_loaded_tokens_total 500.0
+# TYPE kvtier_connector_load_bytes_total counter
+kvtier_connector_load_bytes_total 2e6
+# TYPE kvtier_store_hits_total counter
+kvtier_store_hits_total{tier="disk"} 7.0
+# TYPE kvtier_tier_capacity_bytes gauge
+kvtier_tier_capacity_bytes{tier="disk"} 1e9
+kvtier_tier_capacity_bytes{tier="memory"} 2e9
+# TYPE kvtier_tier_usage_bytes gauge
+kvtier_tier_usage_bytes{tier="disk"} 3.5e8
+kvtier_tier_usage_bytes{tier="memory"} 1e8
+"""
+VLLM = """# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 250.0
+# TYPE vllm:external_prefix_cache_queries counter
+vllm:external_prefix_cache_queries_total{engine="0",model_name="m"} 750.0
+# TYPE vllm:external_prefix_cache_hits counter
+vllm:external_prefix_cache_hits_total{engine="0",model_name="m"} 500.0
+"""
+
+
+class _Text:
+    """A tiny HTTP server on 127.0.0.1 answering GET /metrics with fixed Prometheus text."""
+
+    def __init__(self, text: str, port: int = 0) -> None:
+        import http.server
+        import threading
+
+        body = text.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                code = 200 if self.path == "/metrics" else 404
+                self.send_response(code)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(body) if code == 200 else 0))
+                self.end_headers()
+                if code == 200:
+                    self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _port_pair() -> int:
+    from kvtier.server import free_port, port_is_free
+
+    for _ in range(50):
+        p = free_port()
+        if p < 65534 and port_is_free(p + 1):
+            return p
+    raise RuntimeError("no free port pair")
+
+
+def test_stats_base_url_finds_and_merges_scheduler_and_worker():
+    vllm = _Text(VLLM)
+    p = _port_pair()
+    servers = [vllm, _Text(SCHEDULER, p), _Text(WORKER, p + 1)]
+    try:
+        r = runner.invoke(app, ["stats", "--base-url", f"http://127.0.0.1:{vllm.port}", "--metrics-port", str(p),
+                                "--json", "-"])
+        assert r.exit_code == 0, r.output
+        merged = json.loads(r.stdout)
+        assert merged["kvtier_connector_lookups_total"] == 10          # scheduler only
+        assert merged["kvtier_connector_loaded_tokens_total"] == 500    # worker only
+        assert merged["kvtier_tier_capacity_bytes{tier=disk}"] == 1e9   # one SSD seen twice: not doubled
+        assert merged["kvtier_tier_usage_bytes{tier=disk}"] == 3.5e8
+        assert merged["kvtier_tier_capacity_bytes{tier=memory}"] == 2e9
+        assert merged["vllm:external_prefix_cache_hits_total"] == 500   # vLLM's counters, summed over labels
+        assert "scheduler" in r.stderr and "worker 0" in r.stderr       # the tables go to stderr with --json -
+        r = runner.invoke(app, ["stats", "--url", f"http://127.0.0.1:{vllm.port}", "--metrics-port", str(p)])
+        assert r.exit_code == 0, r.output
+        assert "token hit rate" in r.stdout and "50.0%" in r.stdout     # 500 / 1000 prompt tokens
+        assert "external (kvtier) hit rate" in r.stdout and "66.7%" in r.stdout
+    finally:
+        for s in servers:
+            s.close()
+
+
+def test_stats_base_url_with_nothing_there_is_one_line():
+    p = _port_pair()
+    r = runner.invoke(app, ["stats", "--base-url", f"http://127.0.0.1:{p}", "--metrics-port", str(p)])
+    assert r.exit_code == 1
+    assert "no kvtier metrics" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_discover_ignores_the_api_servers_zero_kvtier_families():
+    import httpx
+
+    from kvtier.commands.stats_sources import discover
+
+    zeros = "# TYPE kvtier_connector_lookups_total counter\nkvtier_connector_lookups_total 0.0\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.port == 8000:
+            return httpx.Response(200, text=VLLM + zeros)
+        if request.url.port == 9400:
+            return httpx.Response(200, text=SCHEDULER)
+        raise httpx.ConnectError("refused", request=request)
+
+    sources, _ = discover("http://h:8000", 9400, client=httpx.Client(transport=httpx.MockTransport(handler)))
+    assert [(s.role, s.url) for s in sources] == [("scheduler", "http://h:9400/metrics")]
+    assert sources[0].samples["kvtier_connector_lookups_total"] == 10
+    zeros_only = httpx.MockTransport(lambda r: httpx.Response(200, text=VLLM + zeros) if r.url.port == 8000
+                                     else httpx.Response(404))
+    with pytest.raises(SourceError, match="no kvtier metrics"):
+        discover("http://h:8000", 9400, client=httpx.Client(transport=zeros_only))
+
+
+def test_discover_uses_vllms_metrics_when_they_carry_every_process():
+    import httpx
+
+    from kvtier.commands.stats_sources import discover
+
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(str(request.url))
+        if request.url.port == 8000:
+            return httpx.Response(200, text=VLLM + SCHEDULER)
+        raise httpx.ConnectError("refused", request=request)
+
+    sources, vllm = discover("http://h:8000", 9400, client=httpx.Client(transport=httpx.MockTransport(handler)))
+    assert [s.role for s in sources] == ["vLLM /metrics"] and seen[0] == "http://h:8000/metrics"
+    assert sources[0].samples["kvtier_connector_lookups_total"] == 10
+    assert vllm["vllm:prefix_cache_hits_total"] == 250

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
-from kvtier.config import ConfigError, KvtierConfig, load_config
+from kvtier.config import ConfigError, KvtierConfig, config_file, load_config
 
 EXTRA_KEYS = ("kvtier_config", "kvtier_config_file")
 
 
-def config_from_extra(extra: dict[str, Any] | None) -> KvtierConfig:
+def config_from_extra(extra: dict[str, Any] | None, env: Mapping[str, str] | None = None) -> KvtierConfig:
     """The kvtier config named by ``kv_connector_extra_config``: YAML file <- KVTIER_* env <- dict.
 
+    The YAML file is ``kvtier_config_file``; when the extra config names neither ``kvtier_config_file``
+    nor ``kvtier_config``, it is ``$KVTIER_CONFIG_FILE`` (if set), as LMCache reads
+    ``LMCACHE_CONFIG_FILE``. ``env`` defaults to the process environment.
     Raises ConfigError (one line) on unknown keys or bad values."""
     extra = extra or {}
     unknown = set(extra) - set(EXTRA_KEYS)
@@ -21,4 +24,7 @@ def config_from_extra(extra: dict[str, Any] | None) -> KvtierConfig:
     overrides = extra.get("kvtier_config") or {}
     if not isinstance(overrides, dict):
         raise ConfigError("kv_connector_extra_config.kvtier_config must be a mapping")
-    return load_config(extra.get("kvtier_config_file"), overrides=overrides)
+    path = extra.get("kvtier_config_file")
+    if path is None and "kvtier_config" not in extra:
+        path = config_file(None, env)
+    return load_config(path, env=env, overrides=overrides)

@@ -6,7 +6,10 @@ server is a third process. Each connector process keeps its own ``kvtier_*`` met
 prometheus-client's default registry (the store's metrics live there too) and
 
 - serves them over HTTP when ``metrics.port`` is set: the scheduler process on ``port``,
-  worker rank r on ``port + 1 + r`` (no Prometheus multiprocess mode: vLLM owns that);
+  worker rank r on ``port + 1 + r`` (no Prometheus multiprocess mode: vLLM owns that, so vLLM's
+  own ``/metrics`` on the API port lists the ``kvtier_*`` families, imported there, at zero). ``kvtier serve`` turns this on by default
+  (port 9400, bound where the API binds); ``kvtier stats --base-url http://host:8000`` finds the
+  scheduler and every worker there and merges them (``kvtier.commands.stats_sources``);
 - writes a JSON snapshot of every ``kvtier_*`` sample every few seconds (and at shutdown)
   to ``<snapshot dir>/<role>-<pid>.json`` with an atomic replace, the snapshot dir being
   ``<disk tier path>/_stats`` by default; ``kvtier stats DIR`` merges the snapshots.
