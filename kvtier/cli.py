@@ -11,6 +11,8 @@ import importlib
 
 import typer
 
+from kvtier import __version__
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="kvtier: tiered KV cache (RAM -> SSD -> shared store) for vLLM, and the lab that measures it.")
 workload_app = typer.Typer(no_args_is_help=True, help="Generate, import and inspect workloads.")
@@ -22,7 +24,7 @@ app.add_typer(bench_app, name="bench")
 COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
     ("kvtier.commands.doctor_cmd", None),     # doctor
     ("kvtier.commands.basic", None),          # generate
-    ("kvtier.commands.demo_cmd", None),       # demo, demo longdoc, demo slo
+    ("kvtier.commands.demo_cmd", None),       # demo (= demo companion), demo longdoc, demo slo
     ("kvtier.commands.workload_cmd", "workload"),  # companion, longdoc, import, stats
     ("kvtier.commands.bench_cmd", "bench"),        # run, slo, compare
     ("kvtier.commands.store_cmd", None),           # fsck, bench store
@@ -33,6 +35,18 @@ COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
 )
 
 _GROUPS = {None: app, "workload": workload_app, "bench": bench_app}
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"kvtier {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                       help="Print kvtier's version and exit.")) -> None:
+    """kvtier: tiered KV cache (RAM -> SSD -> shared store) for vLLM, and the lab that measures it."""
 
 
 def _register_all() -> None:

@@ -289,7 +289,8 @@ class ConnectorConfig(_Section):
 
 
 class MetricsConfig(_Section):
-    port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port")
+    port: int | None = Field(default=None, ge=0, le=65535, description="serve Prometheus metrics on this port (the scheduler; worker r on port + 1 + r); "
+                             "absent or 0: off")
     host: str = Field(default="127.0.0.1", min_length=1, description="address the metrics endpoint binds; anything "
                       "but loopback exposes cache statistics to the network and is logged at start")
 

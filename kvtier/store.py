@@ -33,28 +33,30 @@ Edges between neighbouring tiers:
 
 A put whose parent chunk is nowhere is refused (``orphan_put``). When a chunk leaves every
 local tier, its descendants are removed from the local tiers too (``orphan_evicted``).
+Those rules live in ``kvtier.lineage``, the copies up in ``kvtier.promotion``, the events in
+``kvtier.store_events``.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Callable, Literal, Sequence
+from typing import Callable, Sequence
 
 from kvtier.chunk import ChunkMeta
 from kvtier.config import StoreConfig
 from kvtier.keys import ChunkKey, Namespace
+from kvtier.lineage import Lineage
 from kvtier.metrics import Telemetry
 from kvtier.promoter import Promoter
+from kvtier.promotion import Promotion
+from kvtier.store_events import Listeners, StoreEvent, StoreListener
 from kvtier.tiers.base import Tier, as_byte_view
 from kvtier.tiers.protocol import Deadline, PrefixResult, ReadResult, Status, WriteItem
 from kvtier.tiers.registry import open_tiers
 
-log = logging.getLogger("kvtier.store")
-SHARED_SEEN_MAX = 65536     # keys known to be in a shared tier (parents of local puts)
+__all__ = ["LookupResult", "StoreEvent", "StoreListener", "TieredStore", "shared_store"]
 
 
 @dataclass(frozen=True)
@@ -62,20 +64,6 @@ class LookupResult:
     num_chunks: int                # longest prefix of consecutive chunks the local tiers hold (0..len(keys))
     tiers: tuple[str, ...]         # tier name holding each of those chunks
     status: Status = Status.MISS   # HIT: every key; MISS: the chain stops at num_chunks
-
-
-@dataclass(frozen=True)
-class StoreEvent:
-    """What changed in this process's local tiers: ``stored`` (a put was accepted, or a demotion),
-    ``promoted`` (copied up from a lower tier), ``evicted`` (left that tier: evicted, deleted,
-    failed write, vanished file)."""
-
-    kind: Literal["stored", "promoted", "evicted"]
-    tier: str
-    keys: tuple[ChunkKey, ...]
-
-
-StoreListener = Callable[[StoreEvent], None]
 
 
 class TieredStore:
@@ -89,11 +77,11 @@ class TieredStore:
         self.telemetry = telemetry
         self._root = namespace.digest()
         self._closed = False
-        self._listeners: list[StoreListener] = []
-        self._shared_seen: OrderedDict[ChunkKey, None] = OrderedDict()
-        self._seen_lock = threading.Lock()
-        self._max_payload = 0
-        self.promoter = Promoter(self._promote_from_below)
+        self._listeners = Listeners()
+        self._notify = self._listeners.notify
+        self.lineage = Lineage(self.local, telemetry, self._notify)
+        self._promotion = Promotion(config, self.tiers, self.lineage, self._notify, lambda: self._closed)
+        self.promoter = Promoter(self._promotion.from_below)
 
     @classmethod
     def open(cls, config: StoreConfig, namespace: Namespace) -> "TieredStore":
@@ -115,10 +103,10 @@ class TieredStore:
         for tier in self.tiers:
             tier.on_evict = self._evict_hook(tier)
             tier.on_forget = self._forget_hook(tier)
-            tier.parent_ok = self._present
+            tier.parent_ok = self.lineage.present
             others = [t for t in self.local if t is not tier]
             if others and tier.capabilities.complete_index:
-                tier.evict_guard = self._make_guard(others)
+                tier.evict_guard = Lineage.evict_guard(others)
         if len(self.local) > 1 and config.write_policy == "write_back":
             self.local[0].on_demote = self._demote
         return self
@@ -141,18 +129,7 @@ class TieredStore:
     def subscribe(self, listener: StoreListener) -> Callable[[], None]:
         """Call ``listener(StoreEvent)`` (from any thread; it must not block) on every change of the
         local tiers; returns a function that unsubscribes."""
-        self._listeners.append(listener)
-        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
-
-    def _notify(self, kind: str, tier: Tier, keys: Sequence[ChunkKey]) -> None:
-        if not keys or not self._listeners or not tier.capabilities.complete_index:
-            return
-        event = StoreEvent(kind, tier.name, tuple(keys))  # type: ignore[arg-type]
-        for listener in list(self._listeners):
-            try:
-                listener(event)
-            except Exception as e:  # a listener must never break the data path
-                log.warning("kvtier: store listener failed: %s", e)
+        return self._listeners.subscribe(listener)
 
     def where(self, key: ChunkKey) -> str | None:
         """Name of the top-most local tier holding ``key`` (index only), or None."""
@@ -190,18 +167,8 @@ class TieredStore:
                 res = PrefixResult(0, Status.UNAVAILABLE)
             n += res.num_chunks
             status = res.status
-        self._mark_shared(keys[:n])
+        self.lineage.mark_shared(keys[:n])
         return PrefixResult(n, Status.HIT if keys and n == len(keys) else status)
-
-    def _mark_shared(self, keys: Sequence[ChunkKey]) -> None:
-        if not keys:
-            return
-        with self._seen_lock:
-            for k in keys:
-                self._shared_seen[k] = None
-                self._shared_seen.move_to_end(k)
-            while len(self._shared_seen) > SHARED_SEEN_MAX:
-                self._shared_seen.popitem(last=False)
 
     # -- reads ---------------------------------------------------------------------------------
     def read_into(self, keys: Sequence[ChunkKey], outs: Sequence[memoryview | bytearray],
@@ -244,10 +211,10 @@ class TieredStore:
                 if ti > 0:
                     meta = results[i].meta
                     assert meta is not None
-                    self._promote(meta, views[i][:meta.payload_len], ti)
+                    self._promotion.copy_up(meta, views[i][:meta.payload_len], ti)
         for i, ti in enumerate(hit_at):
             if ti >= 0 and not self.tiers[ti].capabilities.complete_index:
-                self._mark_shared([keys[i]])
+                self.lineage.mark_shared([keys[i]])
         return results
 
     def get_into(self, key: ChunkKey, out: memoryview | bytearray, *, promote: bool | None = None,
@@ -272,7 +239,7 @@ class TieredStore:
             got = tier.get(key)
             if got is not None:
                 if ti > 0 and self.config.promote_on_hit:
-                    self._promote(got[0], got[1], ti)
+                    self._promotion.copy_up(got[0], got[1], ti)
                 return got
         return None
 
@@ -290,45 +257,12 @@ class TieredStore:
         """Context manager: background promotion waits while any such section is open."""
         return self.promoter.paused()
 
-    def _promote_from_below(self, key: ChunkKey, scratch: bytearray) -> bytearray:
-        """(promoter thread) Read ``key`` from the first lower tier holding it, copy it up."""
-        if self._closed or self.tiers[0].contains(key):
-            return scratch
-        for ti, tier in enumerate(self.tiers[1:], 1):
-            if tier.capabilities.complete_index and not tier.contains(key):
-                continue
-            need = tier.payload_size(key) or self._max_payload
-            if need <= 0:
-                continue
-            if len(scratch) < need:
-                scratch = bytearray(need)
-            try:
-                res = tier.read_into([key], [memoryview(scratch)], Deadline.never())[0]
-            except ValueError:      # replaced by a larger chunk meanwhile: skip it
-                return scratch
-            if res.ok and res.meta is not None:
-                self._promote(res.meta, memoryview(scratch)[:res.meta.payload_len], ti)
-                return scratch
-        return scratch
-
     def promote(self, meta: ChunkMeta, payload: memoryview | bytearray) -> None:
         """Copy a verified chunk the caller read from a shared tier (``read_into(promote=False)``)
         into the local tiers that lack it: the promotion ``read_into`` would have made, done later
         in the caller's order (a chunk whose parent is neither local nor known in the shared tier
         is not promoted: never an orphan). The caller may reuse ``payload`` once this returns."""
-        self._promote(meta, as_byte_view(payload)[:meta.payload_len], len(self.tiers))
-
-    def _promote(self, meta: ChunkMeta, payload: memoryview, from_index: int) -> None:
-        if not self.config.promote_on_hit or (meta.parent is not None and not self._present(meta.parent)):
-            return
-        for tier in self.tiers[:from_index]:
-            if not tier.capabilities.complete_index or tier.contains(meta.key):
-                continue
-            if tier.write([WriteItem(meta, payload)])[0]:
-                if meta.parent is not None and not self._present(meta.parent):
-                    tier.delete(meta.key)      # the parent left meanwhile: never keep an orphan
-                    return
-                self._notify("promoted", tier, [meta.key])
+        self._promotion.copy_up(meta, as_byte_view(payload)[:meta.payload_len], len(self.tiers))
 
     # -- writes --------------------------------------------------------------------------------
     def put(self, key: ChunkKey, parent: ChunkKey | None, payload: bytes | memoryview, *, num_tokens: int,
@@ -339,8 +273,8 @@ class TieredStore:
             parent = None
         src = as_byte_view(payload)
         meta = ChunkMeta(key, parent, num_tokens, tuple(shape), dtype, len(src))
-        self._max_payload = max(self._max_payload, len(src))
-        if parent is not None and not self._present(parent):
+        self._promotion.max_payload = max(self._promotion.max_payload, len(src))
+        if parent is not None and not self.lineage.present(parent):
             self.telemetry.event("orphan_put", "store", f"parent of {key.hex()[:16]} is in no tier")
             return False
         first: Tier | None = None
@@ -348,7 +282,7 @@ class TieredStore:
             if tier.write([WriteItem(meta, src)])[0]:
                 first = tier
                 break
-        if first is not None and parent is not None and not self._present(parent):
+        if first is not None and parent is not None and not self.lineage.present(parent):
             first.delete(key)   # its parent left every tier meanwhile: never keep an orphan
             self.telemetry.event("orphan_put", "store", f"parent of {key.hex()[:16]} evicted during put")
             return False
@@ -370,7 +304,7 @@ class TieredStore:
             if ok:
                 self._notify("stored", tier, [key])
                 if not tier.capabilities.complete_index:
-                    self._mark_shared([key])   # its children may be put before the write lands
+                    self.lineage.mark_shared([key])   # its children may be put before the write lands
             stored = stored or ok
         return stored
 
@@ -383,22 +317,11 @@ class TieredStore:
         if nxt.write([WriteItem(meta, view, release)])[0]:
             self._notify("stored", nxt, [meta.key])
 
-    def _present(self, key: ChunkKey) -> bool:
-        if any(t.contains(key) for t in self.local):
-            return True
-        return key in self._shared_seen
-
-    @staticmethod
-    def _make_guard(others: list[Tier]):
-        def keep(key: ChunkKey) -> bool:   # the last copy of a chunk whose children live elsewhere
-            return not any(t.holds(key) for t in others) and any(t.has_children(key) for t in others)
-        return keep
-
     def _evict_hook(self, tier: Tier):
         def on_evict(keys: list[ChunkKey]) -> None:
             """``tier`` evicted ``keys``: tell listeners, drop descendants orphaned everywhere."""
             self._notify("evicted", tier, keys)
-            self._cascade(keys)
+            self.lineage.cascade(keys)
         return on_evict
 
     def _forget_hook(self, tier: Tier):
@@ -408,26 +331,6 @@ class TieredStore:
             self._notify("evicted", tier, keys)
         return on_forget
 
-    def _cascade(self, keys: list[ChunkKey]) -> None:
-        """Remove, from every local tier, the descendants of each of ``keys`` that no tier holds.
-
-        Walks parent->child edges tier by tier, so a chain that crosses tiers (a RAM chunk
-        whose parent lives only on disk) is followed too. Shared tiers keep their own chains."""
-        work = [k for k in keys if not self._present(k)]
-        seen = set(work)
-        while work:
-            key = work.pop()
-            children: set[ChunkKey] = set()
-            for tier in self.local:
-                for child in tier.children(key):
-                    children.add(child)
-                    if tier.delete(child):
-                        self.telemetry.event("orphan_evicted", tier.name, child.hex()[:16])
-                        self._notify("evicted", tier, [child])
-            for child in children - seen:
-                seen.add(child)
-                work.append(child)
-
     def delete(self, key: ChunkKey) -> bool:
         """Remove ``key`` and (since they become unreachable) its descendants from every tier."""
         removed = False
@@ -435,16 +338,15 @@ class TieredStore:
             if tier.delete(key):
                 removed = True
                 self._notify("evicted", tier, [key])
-        with self._seen_lock:
-            self._shared_seen.pop(key, None)
-        self._cascade([key])
+        self.lineage.forget_shared(key)
+        self.lineage.cascade([key])
         return removed
 
     # -- lifecycle -------------------------------------------------------------------------------
     def prepare_memory(self, payload_len: int) -> bool:
         """Let tiers allocate their buffers for payloads of ``payload_len`` bytes now (the RAM slab,
         and its prefault when ``memory.prefault``), instead of at the first put."""
-        self._max_payload = max(self._max_payload, payload_len)
+        self._promotion.max_payload = max(self._promotion.max_payload, payload_len)
         return any([t.prepare(payload_len) for t in self.tiers])
 
     def start_background_threads(self) -> None:

@@ -27,7 +27,8 @@ from common import CHAIN, SIZE, chains, cpu_name, juicefs_volume, open_tier, pop
 from kvtier.config import SharedFsConfig
 from kvtier.metrics import Telemetry
 from kvtier.tiers.sharedfs.janitor import Janitor
-from kvtier.tiers.sharedfs.layout import BurstEvents
+from kvtier.tiers.bursts import Bursts
+from kvtier.tiers.sharedfs.layout import TIER
 
 
 def measure(base: Path, sizes: list[int], threads: int, label: str) -> list[dict]:
@@ -50,7 +51,7 @@ def measure(base: Path, sizes: list[int], threads: int, label: str) -> list[dict
         cfg = SharedFsConfig(path=base, capacity=int(n_files * SIZE * 0.95), low_watermark=0.9,
                              lease_ttl_s=3600, janitor_interval_s=60)
         tier = open_tier(base)
-        j = Janitor(tier.layout, cfg, BurstEvents(Telemetry()), 32)
+        j = Janitor(tier.layout, cfg, Bursts(Telemetry(), TIER), 32)
         assert j.lease.try_hold()
         t0 = time.perf_counter()
         r = j.run_pass()

@@ -32,11 +32,12 @@ from typing import Any, Callable, ContextManager, Literal, Protocol, Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.replay import (ReplayError, ReplayOptions, load_conversations, progress_bar, replay_conversations,
+from kvtier import units
+from kvtier.client.stream import RequestRecord
+from kvtier.client.replay import (ReplayError, ReplayOptions, load_conversations, progress_bar, replay_conversations,
                                  write_json)
 from kvtier.bench.report import RunView, render_report
-from kvtier.bench.slo import SloOptions, SloResult, run_slo
+from kvtier.client.slo import SloOptions, SloResult, run_slo
 from kvtier.config import ConfigError, KvtierConfig, deep_merge, read_yaml_mapping
 from kvtier.server import DEFAULT_READY_TIMEOUT_S, ServerError, ServerSpec, VllmServer, check_spec, server_dtype
 
@@ -256,7 +257,8 @@ def run_compare(workload_path: str | Path, specs: Sequence[ServerSpec], out_dir:
             if disk and not keep_disk:
                 shutil.rmtree(disk, ignore_errors=True)
         if run.summary:
-            on_event(f"[{spec.name}] TTFT mean {run.summary['ttft_mean_s']} s, hit rate {run.summary['token_hit_rate']}")
+            on_event(f"[{spec.name}] TTFT mean {units.seconds(run.summary['ttft_mean_s'])}, "
+                     f"hit rate {units.percent(run.summary['token_hit_rate'])}")
     speedups = speedups_vs_baseline(runs)
     result = CompareResult(workload=str(workload_path), out_dir=out, runs=runs, speedups=speedups,
                            summary_path=out / "compare.json")

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.slo import SloResult
+from kvtier.client.stream import RequestRecord
+from kvtier.client.slo import SloResult
 
 
 @dataclass

@@ -146,7 +146,7 @@ class _Backend:
     def raw_put_packed(self, names: list[str], blobs: list[np.ndarray]) -> None:
         """valkey only: the same SETs hand-packed, blob sent as is (the socket ceiling: valkey-py with
         its libvalkey packer copies each value into one command buffer first)."""
-        from kvtier.tiers.valkey import send_sets
+        from kvtier.tiers.valkey.wire import send_sets
 
         cmds = [[b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (len(n), n.encode(), b.nbytes), memoryview(b),
                  b"\r\n"] for n, b in zip(names, blobs)]

@@ -221,7 +221,7 @@ def _phases(tw: SharedFsTier, tr: SharedFsTier | None, metas: list[ChunkMeta], p
     """Single-thread breakdown (medians, ms) of one tier put and get on this mount, next to a raw
     write and read of the same bytes (new keys: nothing cached)."""
     from kvtier.chunk import encode_header
-    from kvtier.tiers import sharedfs_io as sio
+    from kvtier.tiers.sharedfs import io as sio
 
     t: dict[str, list[float]] = {k: [] for k in ("raw_write", "write_chunk", "publish", "raw_read", "read_verify")}
     bufs = memoryview(bytearray(len(payload)))

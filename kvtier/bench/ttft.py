@@ -23,14 +23,16 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvtier.bench.ttft_engine import (PEERS, ROLES, SHARED_ROLES, evict_page_cache,  # noqa: F401 (re-exported)
-                                      kvtier_bench_config, parse_repeats)
+from kvtier.bench.ttft_engine import PEERS, ROLES, kvtier_bench_config
+from kvtier.bench.ttft_report import machine_description
+from kvtier.bench.ttft_result import MAX_BATCHED, TtftReport, TtftRow
 from kvtier.compute import choose_dtype, kv_bytes_per_token
 
-MAX_BATCHED = 2048
+if TYPE_CHECKING:
+    from kvtier.bench.rawread import RawRead
 
 
 class CpuMeter:
@@ -63,55 +65,6 @@ class CpuMeter:
 
 
 # --------------------------------------------------------------------------- orchestration
-
-@dataclass
-class TtftRow:
-    prompt_tokens: int
-    vanilla_s: float | None = None
-    apc_hit_s: float | None = None
-    kvtier_miss_s: float | None = None
-    kvtier_ram_s: float | None = None
-    kvtier_ssd_s: float | None = None
-    example_connector_s: float | None = None
-    example_connector_error: str | None = None
-    hit_tokens: int | None = None           # tokens a full hit loads (ttft_check.expected_hit_tokens)
-    kv_bytes: int | None = None
-    ideal_read_s: float | None = None       # best raw read of the same chunk files (rawread)
-    ideal_ssd_s: float | None = None
-    miss_overhead_ratio: float | None = None
-    ssd_vs_ideal: float | None = None
-    ideal_not_a_bound: bool = False         # kvtier SSD beat the "ideal": the ideal was wrong
-    speedup_vs_example: float | None = None
-    peers_hit_s: dict = field(default_factory=dict)   # other connectors that ran: hit TTFT
-    shared_hit_s: dict = field(default_factory=dict)  # shared backend -> hit TTFT in a fresh engine, empty local tiers
-    repeats: int | None = None
-
-
-@dataclass
-class TtftReport:
-    command: str
-    machine: dict
-    model: str
-    dtype: str
-    repeats: dict
-    raw_read: dict | None                   # how the ideal was measured (in flight, O_DIRECT, bytes/s)
-    max_num_batched_tokens: int = MAX_BATCHED
-    block_size: int | None = None
-    chunk_size: int | None = None
-    rows: list[TtftRow] = field(default_factory=list)
-    crashes: dict = field(default_factory=dict)       # role -> the error line (peers that cannot run here)
-    violations: list[str] = field(default_factory=list)   # rows that did not load what they claim
-    kvtier_config: dict = field(default_factory=dict)
-    load: dict = field(default_factory=dict)      # CPU used by other processes during the run
-    shared_seed: dict = field(default_factory=dict)   # backend -> how its chunks were put there (shared_seed)
-    shared_targets: dict = field(default_factory=dict)  # backend -> reader's config kind/where (no secrets)
-    diag: dict = field(default_factory=dict)      # role -> --diag samples (profiled hits), not in the rows
-    resumed_roles: list = field(default_factory=list)   # roles whose results came from an earlier invocation
-
-
-class TtftCheckFailed(RuntimeError):
-    """A hit row could not prove that it loaded what its label claims."""
-
 
 def _role_file(root: Path, role: str) -> Path:
     return root / f"{role.replace(':', '-')}.json"
@@ -157,7 +110,7 @@ def _median(samples) -> float | None:
 ALL_ROLES = ROLES
 
 
-def _ideal_read(workdir: Path, hit_tokens: int, chunk: int, per_tok: int) -> "RawRead | None":
+def _ideal_read(workdir: Path, hit_tokens: int, chunk: int, per_tok: int) -> RawRead | None:
     from kvtier.bench.rawread import best_raw_read, tier_reads_in_flight
     from kvtier.chunk import file_size
     from kvtier.integrations.vllm.worker_side import PREFETCH_DEPTH    # the connector's chunk reads in flight
@@ -327,12 +280,3 @@ def run_ttft(model: str, workdir: Path, lengths: list[int], repeats: int | dict[
         report.rows.append(r)
     report.load = meter.summary()
     return report
-
-
-def check_report(report: TtftReport) -> None:
-    """Raise ``TtftCheckFailed`` if any hit row did not load what it claims."""
-    if report.violations:
-        raise TtftCheckFailed("hit rows that did not load what they claim:\n  " + "\n  ".join(report.violations))
-
-
-from kvtier.bench.ttft_report import machine_description, report_json, report_markdown  # noqa: E402,F401

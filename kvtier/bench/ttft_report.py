@@ -8,12 +8,9 @@ import os
 import platform
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from kvtier.bench.ttft_result import TtftReport
 from kvtier.compute import cpu_facts
-
-if TYPE_CHECKING:
-    from kvtier.bench.ttft import TtftReport
 
 
 def machine_description() -> dict:
@@ -56,13 +53,13 @@ def _repeats_text(repeats) -> str:
     return ", ".join(f"{v} at {k}" for k, v in repeats.items())
 
 
-def report_json(report: "TtftReport") -> dict:
+def report_json(report: TtftReport) -> dict:
     d = asdict(report)
     d["per_prompt_length"] = {str(r["prompt_tokens"]): r for r in d.pop("rows")}
     return d
 
 
-def report_markdown(report: "TtftReport") -> str:
+def report_markdown(report: TtftReport) -> str:
     def f(x, digits=3):
         return "—" if x is None else f"{x:.{digits}f}"
 

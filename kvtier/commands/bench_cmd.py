@@ -10,7 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from kvtier.commands.aliases import BASE_URL, LOAD, REPLAY, aliased
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+from kvtier.commands.json_out import human_to_stderr, is_stdout, json_option, write_json_out
+from kvtier.units import num_s, percent, ratio
 
 console = Console()
 err_console = Console(stderr=True)
@@ -19,6 +22,16 @@ MODES = ("closed", "open", "trace")
 HISTORY_HELP = ("Assistant messages in each prompt: 'workload' (the workload's text: identical prompts for "
                 "every server) or 'live' (the model's own streamed replies to the earlier turns, as a real chat "
                 "client sends; text turns only).")
+BASE_URL_HELP = "Server root, e.g. http://127.0.0.1:8000 (as vLLM's `bench serve --base-url`)."
+MODE_HELP = "closed (N users), open (Poisson rate) or trace (the workload's arrival_s)."
+CONCURRENCY_HELP = "Closed loop: concurrent users (conversations in flight)."
+RATE_HELP = "Open loop: new conversations per second (Poisson arrivals)."
+TIME_SCALE_HELP = "Trace mode: multiply arrival timestamps."
+THINK_HELP = "Multiply think times (0: none)."
+MAX_REQUESTS_HELP = "Stop after this many requests."
+DURATION_HELP = "Stop sending after this many seconds."
+SEED_HELP = "Open loop: arrival seed."
+REQUEST_TIMEOUT_HELP = "Per-request timeout (s)."
 
 
 def _fail(msg: str, code: int = 1) -> None:
@@ -26,20 +39,20 @@ def _fail(msg: str, code: int = 1) -> None:
     raise typer.Exit(code)
 
 
-def _replay_options(mode: str, concurrency: int, rate: Optional[float], time_scale: float,
+def _replay_options(mode: str, max_concurrency: int, request_rate: Optional[float], time_scale: float,
                     think_time_scale: float, max_requests: Optional[int], duration: Optional[float], seed: int,
                     model: Optional[str], skip_bad_lines: bool, stop_on_connect_error: bool,
                     request_timeout: float, ignore_eos: bool, progress: bool, history: str = "workload"):
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayError, ReplayOptions
+    from kvtier.client.stream import ClientOptions
+    from kvtier.client.replay import ReplayError, ReplayOptions
 
     if mode not in MODES:
         raise typer.BadParameter(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if history not in ("live", "workload"):
         raise typer.BadParameter(f"--history must be live or workload, got {history!r}")
-    opts = ReplayOptions(mode=mode, history=history, concurrency=concurrency, rate=rate, time_scale=time_scale,
-                         think_time_scale=think_time_scale, max_requests=max_requests, duration_s=duration,
-                         seed=seed, model=model, skip_bad_lines=skip_bad_lines,
+    opts = ReplayOptions(mode=mode, history=history, concurrency=max_concurrency, rate=request_rate,
+                         time_scale=time_scale, think_time_scale=think_time_scale, max_requests=max_requests,
+                         duration_s=duration, seed=seed, model=model, skip_bad_lines=skip_bad_lines,
                          stop_on_connect_error=stop_on_connect_error, progress=progress,
                          client=ClientOptions(request_timeout_s=request_timeout, ignore_eos=ignore_eos))
     try:
@@ -52,11 +65,7 @@ def _replay_options(mode: str, concurrency: int, rate: Optional[float], time_sca
 def _s(v: Any) -> str:
     if v is None:
         return "–"
-    return f"{v:.3f}" if isinstance(v, float) else str(v)
-
-
-def _pct(v: Any) -> str:
-    return "–" if v is None else f"{100 * v:.1f}%"
+    return num_s(v) if isinstance(v, float) else str(v)
 
 
 def print_summary(summary: dict[str, Any], title: str = "replay") -> None:
@@ -73,54 +82,59 @@ def print_summary(summary: dict[str, Any], title: str = "replay") -> None:
     t.add_row("TTFT first turn / later turns (s)",
               f"{_s(summary['first_turn']['ttft_mean_s'])} / {_s(summary['later_turns']['ttft_mean_s'])}")
     t.add_row("token hit rate (all / last half)",
-              f"{_pct(summary['token_hit_rate'])} / {_pct(summary['token_hit_rate_last_half'])}")
+              f"{percent(summary['token_hit_rate'])} / {percent(summary['token_hit_rate_last_half'])}")
     server = summary.get("server") or {}
-    t.add_row("server prefix-cache hit rate", _pct(server.get("prefix_cache_hit_rate")))
+    t.add_row("server prefix-cache hit rate", percent(server.get("prefix_cache_hit_rate")))
     t.add_row("server TTFT mean (s) / client÷server", f"{_s(server.get('ttft_mean_s'))} / "
-              f"{_s(summary.get('client_over_server_ttft'))}")
+              f"{ratio(summary.get('client_over_server_ttft'))}")
     console.print(t)
 
 
 def run(
     workload: Path = typer.Argument(..., help="Workload JSONL file."),
-    url: str = typer.Option(..., "--url", help="Server root, e.g. http://127.0.0.1:8000"),
+    base_url: str = typer.Option(..., "--base-url", help=BASE_URL_HELP),
     model: Optional[str] = typer.Option(None, "--model", help="Model name (default: first of /v1/models)."),
-    mode: str = typer.Option("closed", "--mode", help="closed (N users), open (Poisson rate) or trace (arrival_s)."),
-    concurrency: int = typer.Option(4, "--concurrency", "-c", help="Closed loop: concurrent users."),
-    rate: Optional[float] = typer.Option(None, "--rate", help="Open loop: new conversations per second."),
-    time_scale: float = typer.Option(1.0, "--time-scale", help="Trace mode: multiply arrival timestamps."),
-    think_time_scale: float = typer.Option(1.0, "--think-time-scale", help="Multiply think times (0: none)."),
-    max_requests: Optional[int] = typer.Option(None, "--max-requests", help="Stop after this many requests."),
-    duration: Optional[float] = typer.Option(None, "--duration", help="Stop sending after this many seconds."),
-    seed: int = typer.Option(0, "--seed", help="Open loop arrival seed."),
-    out: Path = typer.Option(Path("bench-out"), "--out", help="Directory for requests.jsonl and summary.json."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary JSON here (default OUT/summary.json)."),
+    mode: str = typer.Option("closed", "--mode", help=MODE_HELP),
+    max_concurrency: int = typer.Option(4, "--max-concurrency", "-c", help=CONCURRENCY_HELP),
+    request_rate: Optional[float] = typer.Option(None, "--request-rate", help=RATE_HELP),
+    time_scale: float = typer.Option(1.0, "--time-scale", help=TIME_SCALE_HELP),
+    think_time_scale: float = typer.Option(1.0, "--think-time-scale", help=THINK_HELP),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", help=MAX_REQUESTS_HELP),
+    duration: Optional[float] = typer.Option(None, "--duration", help=DURATION_HELP),
+    seed: int = typer.Option(0, "--seed", help=SEED_HELP),
+    out: Path = typer.Option(Path("bench-out"), "--out", help="Folder for requests.jsonl and summary.json."),
+    json_path: Optional[Path] = json_option("the summary", "a path replaces OUT/summary.json"),
     skip_bad_lines: bool = typer.Option(False, "--skip-bad-lines", help="Skip malformed workload lines instead of stopping."),
     stop_on_connect_error: bool = typer.Option(True, "--stop-on-connect-error/--record-connect-errors",
                                                help="Stop at the first connection failure, or record and go on."),
-    request_timeout: float = typer.Option(300.0, "--request-timeout", help="Per-request timeout (s)."),
+    request_timeout: float = typer.Option(300.0, "--request-timeout", help=REQUEST_TIMEOUT_HELP),
     ignore_eos: bool = typer.Option(True, "--ignore-eos/--no-ignore-eos", help="Decode exactly max_tokens (vLLM)."),
-    progress: bool = typer.Option(True, "--progress/--no-progress"),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar while replaying."),
     history: str = typer.Option("workload", "--history", help=HISTORY_HELP),
 ) -> None:
     """Replay WORKLOAD against a running OpenAI-compatible server and summarize latency and hit rate."""
-    from kvtier.bench.replay import ReplayError, run_replay
+    from kvtier.client.replay import ReplayError, run_replay
 
-    opts = _replay_options(mode, concurrency, rate, time_scale, think_time_scale, max_requests, duration, seed,
-                           model, skip_bad_lines, stop_on_connect_error, request_timeout, ignore_eos, progress,
-                           history)
+    to_stdout = is_stdout(json_path)
+    if to_stdout:
+        human_to_stderr(console)
+    opts = _replay_options(mode, max_concurrency, request_rate, time_scale, think_time_scale, max_requests,
+                           duration, seed, model, skip_bad_lines, stop_on_connect_error, request_timeout,
+                           ignore_eos, progress and not to_stdout, history)
     try:
-        result = run_replay(workload, url, opts, out, json_path)
+        result = run_replay(workload, base_url, opts, out, None if to_stdout else json_path)
     except ReplayError as e:
         _fail(str(e))
     print_summary(result.summary, f"replay of {workload.name} ({mode}, {history} history)")
     console.print(f"records: {result.records_path}\nsummary: {result.summary_path}")
+    if to_stdout:
+        write_json_out(json_path, result.summary)
 
 
 def slo(
     workload: Path = typer.Argument(..., help="Workload JSONL file."),
-    url: str = typer.Option(..., "--url", help="Server root, e.g. http://127.0.0.1:8000"),
-    model: Optional[str] = typer.Option(None, "--model"),
+    base_url: str = typer.Option(..., "--base-url", help=BASE_URL_HELP),
+    model: Optional[str] = typer.Option(None, "--model", help="Model name (default: first of /v1/models)."),
     mode: str = typer.Option("closed", "--mode", help="closed: search users; open: search conversations/s."),
     slo_s: float = typer.Option(2.0, "--slo", help="Latency objective in seconds."),
     statistic: str = typer.Option("ttft_p90_s", "--statistic", help="Summary key compared with the SLO."),
@@ -130,16 +144,18 @@ def slo(
     requests_per_point: Optional[int] = typer.Option(None, "--requests-per-point",
                                                      help="Requests per run (default max(16, 4 x load))."),
     think_time_scale: float = typer.Option(0.0, "--think-time-scale", help="Multiply think times (default 0)."),
-    out: Path = typer.Option(Path("bench-slo"), "--out"),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Also write the SLO result JSON here."),
-    request_timeout: float = typer.Option(300.0, "--request-timeout"),
+    out: Path = typer.Option(Path("bench-slo"), "--out", help="Folder for slo.json, each point's runs and the plot."),
+    json_path: Optional[Path] = json_option("the SLO result", "OUT/slo.json is written as well"),
+    request_timeout: float = typer.Option(300.0, "--request-timeout", help=REQUEST_TIMEOUT_HELP),
     history: str = typer.Option("workload", "--history", help=HISTORY_HELP),
 ) -> None:
     """Find the largest load whose latency statistic stays within the SLO (doubling, then bisection)."""
-    from kvtier.bench.replay import ReplayError, load_conversations, write_json
+    from kvtier.client.replay import ReplayError, load_conversations, write_json
     from kvtier.bench.report import RunView, plot_slo_curve
-    from kvtier.bench.slo import SloOptions, run_slo
+    from kvtier.client.slo import SloOptions, run_slo
 
+    if is_stdout(json_path):
+        human_to_stderr(console)
     if mode not in ("closed", "open"):
         raise typer.BadParameter("--mode must be closed or open for an SLO search")
     opts = _replay_options(mode, 1, start if mode == "open" else None, 1.0, think_time_scale, None, None, 0, model,
@@ -157,7 +173,7 @@ def slo(
         console.print(f"load {p.load:g}: {statistic} = {_s(p.value)} s, failed requests {p.failed_requests} {mark}")
 
     try:
-        result = run_slo(convs, url, opts, sopts, out, on_point)
+        result = run_slo(convs, base_url, opts, sopts, out, on_point)
     except ReplayError as e:
         _fail(str(e))
     t = Table(title=f"SLO search: {statistic} <= {slo_s:g} s")
@@ -168,9 +184,12 @@ def slo(
                   "yes" if p.passed else "no")
     console.print(t)
     best = "none (the first load already fails)" if result.best_load is None else f"{result.best_load:g}"
-    console.print(f"best {'users' if mode == 'closed' else 'rate'}: {best}" + (" (capped by --max-load)" if result.capped else ""))
-    plot = plot_slo_curve([RunView(url, None, slo=result)], out / "slo_curve.png")
-    if json_path:
+    console.print(f"best {'users' if mode == 'closed' else 'rate'}: {best}"
+                  + (" (capped by --max-load)" if result.capped else ""))
+    plot = plot_slo_curve([RunView(base_url, None, slo=result)], out / "slo_curve.png")
+    if is_stdout(json_path):
+        write_json_out(json_path, result.to_dict())
+    elif json_path:
         write_json(json_path, result.to_dict())
     console.print(f"result: {out / 'slo.json'}" + (f"\nplot: {plot}" if plot else ""))
 
@@ -178,32 +197,38 @@ def slo(
 def compare(
     workload: Path = typer.Argument(..., help="Workload JSONL file."),
     configs: Path = typer.Option(..., "--configs", help="YAML list of server configurations (first = baseline)."),
-    out: Path = typer.Option(Path("bench-compare"), "--out"),
+    out: Path = typer.Option(Path("bench-compare"), "--out", help="Folder for the report, compare.json and "
+                             "one sub-folder per configuration."),
+    json_path: Optional[Path] = json_option("the comparison", "OUT/compare.json is written as well"),
     model: Optional[str] = typer.Option(None, "--model", help="Model path for entries without one (default: bundled)."),
-    mode: str = typer.Option("closed", "--mode"),
-    concurrency: int = typer.Option(4, "--concurrency", "-c"),
-    rate: Optional[float] = typer.Option(None, "--rate"),
-    time_scale: float = typer.Option(1.0, "--time-scale"),
-    think_time_scale: float = typer.Option(1.0, "--think-time-scale"),
-    max_requests: Optional[int] = typer.Option(None, "--max-requests"),
-    duration: Optional[float] = typer.Option(None, "--duration"),
-    seed: int = typer.Option(0, "--seed"),
-    slo_s: Optional[float] = typer.Option(None, "--slo", help="Also run an SLO search per configuration."),
-    slo_max_load: float = typer.Option(64.0, "--slo-max-load"),
+    mode: str = typer.Option("closed", "--mode", help=MODE_HELP),
+    max_concurrency: int = typer.Option(4, "--max-concurrency", "-c", help=CONCURRENCY_HELP),
+    request_rate: Optional[float] = typer.Option(None, "--request-rate", help=RATE_HELP),
+    time_scale: float = typer.Option(1.0, "--time-scale", help=TIME_SCALE_HELP),
+    think_time_scale: float = typer.Option(1.0, "--think-time-scale", help=THINK_HELP),
+    max_requests: Optional[int] = typer.Option(None, "--max-requests", help=MAX_REQUESTS_HELP),
+    duration: Optional[float] = typer.Option(None, "--duration", help=DURATION_HELP),
+    seed: int = typer.Option(0, "--seed", help=SEED_HELP),
+    slo_s: Optional[float] = typer.Option(None, "--slo", help="Also run an SLO search per configuration "
+                                          "(p90 TTFT objective in seconds)."),
+    slo_max_load: float = typer.Option(64.0, "--slo-max-load", help="Largest load the SLO search tries."),
     keep_disk: bool = typer.Option(False, "--keep-disk", help="Keep the fresh disk-tier directories."),
-    ready_timeout: float = typer.Option(240.0, "--ready-timeout", help="Seconds to wait for each server."),
-    request_timeout: float = typer.Option(300.0, "--request-timeout"),
+    ready_timeout: float = typer.Option(240.0, "--ready-timeout", help="Seconds to wait for each server to be ready."),
+    request_timeout: float = typer.Option(300.0, "--request-timeout", help=REQUEST_TIMEOUT_HELP),
     dtype: str = dtype_option(),
     history: str = typer.Option("workload", "--history", help=HISTORY_HELP),
 ) -> None:
     """Run WORKLOAD against each configuration on a fresh vLLM server; write a report with plots."""
-    from kvtier.bench.compare import load_compare_specs, run_compare
-    from kvtier.bench.replay import ReplayError
-    from kvtier.bench.slo import SloOptions
+    from kvtier.bench.compare import compare_json, load_compare_specs, run_compare
+    from kvtier.client.replay import ReplayError
+    from kvtier.client.slo import SloOptions
     from kvtier.config import ConfigError
 
-    opts = _replay_options(mode, concurrency, rate, time_scale, think_time_scale, max_requests, duration, seed,
-                           None, False, True, request_timeout, True, True, history)
+    if is_stdout(json_path):
+        human_to_stderr(console)
+    opts = _replay_options(mode, max_concurrency, request_rate, time_scale, think_time_scale, max_requests,
+                           duration, seed, None, False, True, request_timeout, True, not is_stdout(json_path),
+                           history)
     if dtype.strip().lower() != "auto":
         dtype = resolve_cli_dtype(dtype, say=False).dtype   # validated; each server says its choice at start
     try:
@@ -221,11 +246,13 @@ def compare(
             print_summary(r.summary, r.name)
     console.print(json.dumps(result.speedups, indent=1))
     console.print(f"report: {result.report_path}\nsummary: {result.summary_path}")
+    if json_path is not None:
+        write_json_out(json_path, compare_json(result))
     if any(r.error for r in result.runs):
         raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(run)
-    app.command("slo")(slo)
-    app.command("compare")(compare)
+    app.command("run", cls=aliased(REPLAY))(run)
+    app.command("slo", cls=aliased(BASE_URL))(slo)
+    app.command("compare", cls=aliased(LOAD))(compare)

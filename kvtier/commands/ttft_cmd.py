@@ -10,7 +10,9 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from kvtier.commands.aliases import MAX_BATCHED, aliased
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
+from kvtier.commands.json_out import is_stdout, json_option, write_json_out
 
 err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
@@ -23,27 +25,29 @@ def ttft(
     model: Path = typer.Option(None, help="HF model folder (default: the bundled model)."),
     workdir: Path = typer.Option(None, help="Scratch directory for caches and engine logs "
                                  "(default: <kvtier home>/bench/ttft; wiped first)."),
-    json_path: Path = typer.Option(None, "--json", help="Write the results as JSON here."),
+    json_path: Path = json_option("the results"),
     md_path: Path = typer.Option(None, "--md", help="Write a Markdown table here."),
     example: bool = typer.Option(True, "--example/--no-example", help="Also measure vLLM's ExampleConnector."),
     peers: bool = typer.Option(True, "--peers/--no-peers", help="Also try vLLM's other offloading connectors "
                                "(SimpleCPUOffloadConnector, OffloadingConnector, LMCache); failures are recorded."),
-    timeout_s: float = typer.Option(1800, help="Per-engine timeout in seconds."),
+    engine_timeout: float = typer.Option(1800, "--engine-timeout", help="Seconds each engine (one cache path, "
+                                         "all its prompts) may run before it is stopped."),
     roles: str = typer.Option(None, help="Only these engines, comma-separated: "
                               "vanilla,kvtier-w,kvtier-r,example-w,example-r,peer:NAME (readers need their "
                               "writer)."),
-    max_batched: int = typer.Option(2048, help="max_num_batched_tokens (below the prompt length = chunked prefill)."),
-    sharedfs: Path = typer.Option(None, "--sharedfs", help="add a shared-filesystem hit: this directory on a shared "
-                                  "mount (written from kvtier-w's chunks)"),
-    sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="the same directory through a second mount "
-                                       "(the reading engine's 'machine'; default: --sharedfs)"),
-    sharedfs_evict: str = typer.Option("", "--sharedfs-evict", help="paths whose page cache is dropped before "
-                                       "each shared-FS hit (e.g. JuiceFS's data directory), comma-separated"),
-    valkey: str = typer.Option("", "--valkey", help="add a Valkey/Redis hit: server URL"),
-    mooncake: str = typer.Option("", "--mooncake", help="add a Mooncake Store hit: MASTER,METADATA_URL"),
-    resume: bool = typer.Option(False, "--resume", help="keep --workdir and take roles not run now from an "
-                                "earlier invocation there (a long run split into jobs)"),
-    diag: bool = typer.Option(False, "--diag", help="one extra hit per kvtier role under cProfile (in --json)"),
+    max_num_batched_tokens: int = typer.Option(2048, "--max-num-batched-tokens", help="vLLM's engine token budget "
+                                               "per step (below the prompt length = chunked prefill)."),
+    sharedfs: Path = typer.Option(None, "--sharedfs", help="Add a shared-filesystem hit: this directory on a shared "
+                                  "mount (written from kvtier-w's chunks)."),
+    sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="The same directory through a second mount "
+                                       "(the reading engine's 'machine'; default: --sharedfs)."),
+    sharedfs_evict: str = typer.Option("", "--sharedfs-evict", help="Paths whose page cache is dropped before "
+                                       "each shared-FS hit (e.g. JuiceFS's data directory), comma-separated."),
+    valkey: str = typer.Option("", "--valkey", help="Add a Valkey/Redis hit: server URL."),
+    mooncake: str = typer.Option("", "--mooncake", help="Add a Mooncake Store hit: MASTER,METADATA_URL."),
+    resume: bool = typer.Option(False, "--resume", help="Keep --workdir and take roles not run now from an "
+                                "earlier invocation there (a long run split into jobs)."),
+    diag: bool = typer.Option(False, "--diag", help="One extra hit per kvtier role under cProfile (in --json)."),
 ) -> None:
     """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
     try:
@@ -53,7 +57,9 @@ def ttft(
     if not ns or any(n < 300 or n > 8192 for n in ns):
         raise typer.BadParameter("--lengths must each be between 300 and 8192 tokens")
     choice = resolve_cli_dtype(dtype)
-    from kvtier.bench.ttft import ALL_ROLES, TtftCheckFailed, check_report, report_json, report_markdown, run_ttft
+    from kvtier.bench.ttft import ALL_ROLES, run_ttft
+    from kvtier.bench.ttft_report import report_json, report_markdown
+    from kvtier.bench.ttft_result import TtftCheckFailed, check_report
     from kvtier.bench.ttft_engine import parse_repeats
 
     try:
@@ -78,11 +84,13 @@ def ttft(
     workdir = workdir or kvtier_home() / "bench" / "ttft"
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
     report = run_ttft(str(model), workdir, ns, repeats=reps, dtype=choice.dtype, with_example=example,
-                      timeout_s=timeout_s, command=command, log=lambda m: err.print(m), roles=role_list,
-                      max_batched=max_batched, with_peers=peers, shared=targets, resume=resume, diag=diag)
+                      timeout_s=engine_timeout, command=command, log=lambda m: err.print(m), roles=role_list,
+                      max_batched=max_num_batched_tokens, with_peers=peers, shared=targets, resume=resume, diag=diag)
     md = report_markdown(report)
-    print(md)
-    if json_path:
+    print(md, file=sys.stderr if is_stdout(json_path) else sys.stdout)
+    if is_stdout(json_path):
+        write_json_out(json_path, report_json(report))
+    elif json_path:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(report_json(report), indent=2) + "\n")
     if md_path:
@@ -131,4 +139,4 @@ def shared_targets(sharedfs: Path | None, sharedfs_read: Path | None, sharedfs_e
 
 
 def register(app: typer.Typer) -> None:
-    app.command("ttft")(ttft)
+    app.command("ttft", cls=aliased(MAX_BATCHED, {"--timeout-s": "--engine-timeout"}))(ttft)

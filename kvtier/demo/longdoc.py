@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 from rich.table import Table
 
+from kvtier import units
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, console, fmt_s, ratio,
                                 write_json)
 
@@ -143,7 +144,7 @@ def _seed_backend(target: Any, disk: Path) -> dict[str, Any]:
     if not r.ok:
         raise DemoError(f"{target.kind}: only {r.readable} of {r.chunks} chunks readable after the copy "
                         f"({r.refused} refused)")
-    console.print(f"[dim]{target.kind}: {r.chunks} chunks ({r.nbytes / 2**20:.0f} MiB) put in {r.seconds:.1f} s "
+    console.print(f"[dim]{target.kind}: {r.chunks} chunks ({units.nbytes(r.nbytes)}) put in {units.seconds(r.seconds)} "
                   f"from the SSD directory; a fresh server with empty local tiers reads them[/]")
     return {"chunks": r.chunks, "bytes": r.nbytes, "seconds": round(r.seconds, 2), "skipped": len(r.skipped)}
 
@@ -165,7 +166,7 @@ def _scrape(url: str, name: str) -> dict[str, float]:
     """``name{tier=...}`` samples of a kvtier metrics endpoint, by tier."""
     import httpx
 
-    from kvtier.bench.server_metrics import parse_metrics
+    from kvtier.client.server_metrics import parse_metrics
 
     try:
         r = httpx.get(url, timeout=10.0)
@@ -188,8 +189,8 @@ def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float
 
 def _one(url: str, conv, port: int) -> tuple[Any, dict[str, float], dict[str, float]]:
     """Send one single-turn conversation: (record, tokens admitted by label, chunks read by tier)."""
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayOptions, replay_conversations
+    from kvtier.client.stream import ClientOptions
+    from kvtier.client.replay import ReplayOptions, replay_conversations
 
     opts = ReplayOptions(mode="closed", concurrency=1, progress=False, client=ClientOptions(
         extra_body=(("max_tokens", 1),)))
@@ -222,7 +223,7 @@ def _metrics_port() -> int:
 
 def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
         columns: Sequence[Column] = COLUMNS) -> dict[str, Any]:
-    from kvtier.bench.ttft import evict_page_cache
+    from kvtier.bench.ttft_engine import evict_page_cache
     from kvtier.config import deep_merge
     from kvtier.server import ServerError, ServerSpec, VllmServer
     from kvtier.workload.format import write_workload
@@ -280,7 +281,7 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
                                     f"{col.key}_cached_tokens": rec.cached_tokens,
                                     f"{col.key}_expected_tokens": expected, f"{col.key}_admitted": admitted,
                                     f"{col.key}_read_chunks": read})
-                        console.print(f"[dim]{row['doc']}: {col.title} {rec.ttft_s:.3f} s "
+                        console.print(f"[dim]{row['doc']}: {col.title} {units.seconds(rec.ttft_s)} "
                                       f"({rec.cached_tokens or 0} tokens from kvtier {col.tier or ''})[/]")
     except ServerError as e:
         raise DemoError(str(e).splitlines()[0]) from None
@@ -309,6 +310,6 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
                   f"chunks from the tier it names (kvtier counters and the server's cached_tokens)")
     for c in columns:
         if c.tier not in (None, "memory", "disk"):
-            console.print(f"{c.title}: TTFT [bold]{figures.get(f'{c.key}_ttft_ratio') or 0:.1f}x[/] lower than "
+            console.print(f"{c.title}: TTFT [bold]{units.ratio(figures.get(f'{c.key}_ttft_ratio') or 0)}[/] lower than "
                           f"recompute (published: 13x at >20K tokens on a distributed filesystem)")
     return figures

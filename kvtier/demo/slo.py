@@ -8,7 +8,7 @@ multiple of this machine's cold TTFT; lengths L, 2L, 4L. For each length, on the
 (one per configuration, documents of each length are new to them): a warm-up pass (``warm_questions``
 per document), then the SLO search (doubling then bisection; each point >= 3 repeats with their
 spread, ``min_requests_per_user`` x N requests, p90 on the steady-state window where N requests are
-in flight — see ``kvtier.bench.slo``), then a fixed high concurrency point measured the same way.
+in flight — see ``kvtier.client.slo``), then a fixed high concurrency point measured the same way.
 Vanilla gets exactly the same treatment. Every measured prompt is new to the server: it shares only
 its document with earlier ones (questions are given a distinct reader tag when the question list
 runs out). Published figures to beat: 8x more concurrent users under TTFT <= 2 s and > 4x lower
@@ -117,9 +117,9 @@ def _requests_needed(size: SloDemoSize) -> int:
 def run(size: SloDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions, *,
         calibration: Calibration | None = None, tokenizer=None, start_server=None) -> dict[str, Any]:
     """The demo end to end; ``calibration``/``tokenizer``/``start_server`` are injectable (tests)."""
-    from kvtier.bench.client import ClientOptions
-    from kvtier.bench.replay import ReplayOptions, replay_conversations
-    from kvtier.bench.slo import SloOptions, replay_evaluator, run_slo
+    from kvtier.client.stream import ClientOptions
+    from kvtier.client.replay import ReplayOptions, replay_conversations
+    from kvtier.client.slo import SloOptions, replay_evaluator, run_slo
     from kvtier.server import ServerError, ServerSpec, VllmServer
     from kvtier.workload.format import write_workload
     from kvtier.workload.longdoc import LongDocSpec, generate_longdoc

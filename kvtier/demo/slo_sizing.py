@@ -14,7 +14,7 @@ Model (side-effect free; the calibration's ``PrefillProfile`` p(n) = a + b n + c
 * a point of N closed-loop users on the one engine: requests are served in batches of N, one batch
   costs ``a + N (s - a)`` (the fixed cost shared, the token work summed), so p90 TTFT ~ that batch
   time and the point lasts ``R / N`` batches. The SLO search is replayed on this model
-  (``kvtier.bench.slo.search`` itself) to know which points it visits.
+  (``kvtier.client.slo.search`` itself) to know which points it visits.
 * warm-up: ``warm_questions`` per document, the first cold, later ones hits (kvtier) / cold (vanilla).
 
 ``fit_slo_size`` shrinks, in this order and only as far as needed, the fixed point's users (not
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from kvtier.bench.slo import MIN_STEADY_ROUNDS
+from kvtier.client.slo import MIN_STEADY_ROUNDS
 from kvtier.demo.calibrate import PrefillProfile
 
 MIN_FIXED_USERS = 8
@@ -92,7 +92,7 @@ def point_seconds(profile: PrefillProfile, service: float, users: int, requests:
 def estimate_slo_run(size: Any, doc_tokens: tuple[int, ...], slo_s: float, profile: PrefillProfile,
                      startup_s: float, chunk_tokens: int) -> SloEstimate:
     """Wall time of the whole demo for ``size`` on the machine ``profile`` describes (side-effect free)."""
-    from kvtier.bench.slo import SloOptions, search
+    from kvtier.client.slo import SloOptions, search
 
     opts = SloOptions(slo_s=slo_s, statistic="ttft_p90_s", start=1, max_load=size.max_users, repeats=1,
                       requests_per_point=size.min_requests, steady_state=True,

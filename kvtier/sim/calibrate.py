@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from kvtier.bench.client import ClientOptions, RequestRecord, discover_model, make_http_client, send_turn
+from kvtier.client.stream import ClientOptions, RequestRecord, discover_model, make_http_client, send_turn
 from kvtier.sim.fit import DecodeSample, Fit, PrefillSample, fit_engine
 from kvtier.sim.profile import EngineProfile, SimProfile, TierProfile
 from kvtier.workload.format import Conversation, Turn
@@ -66,7 +66,7 @@ class CalibrateOptions:
         if self.repeats < 1 or self.batch < 2 or self.decode_tokens < 3 or self.suffix < 1:
             raise CalibrateError("need repeats >= 1, batch >= 2, decode-tokens >= 3, suffix >= 1")
         if self.timeout_s <= 0:
-            raise CalibrateError("--timeout must be > 0")
+            raise CalibrateError("--request-timeout must be > 0")
 
 
 @dataclass

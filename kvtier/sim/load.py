@@ -38,9 +38,9 @@ class LoadSpec:
         if self.mode not in ("closed", "open", "trace"):
             raise LoadError(f"unknown mode {self.mode!r} (closed, open or trace)")
         if self.mode == "closed" and self.concurrency < 1:
-            raise LoadError("closed loop needs concurrency >= 1")
+            raise LoadError("closed loop needs --max-concurrency >= 1")
         if self.mode == "open" and not (self.rate and self.rate > 0):
-            raise LoadError("open loop needs --rate > 0 (conversations per second)")
+            raise LoadError("open loop needs --request-rate > 0 (conversations per second)")
         if self.think_time_scale < 0 or self.time_scale < 0:
             raise LoadError("think-time-scale and time-scale must be >= 0")
         if self.max_requests is not None and self.max_requests < 1:

@@ -12,7 +12,8 @@ every number is derived in docs/simulator.md ("Presets"):
   (eff x HBM bw)`` + a fixed launch cost) and each sequence's KV (``decode_ctx_s = KV bytes per
   token / (eff x HBM bw)``). KV cache = ``kv_fraction x HBM - weights``.
 * storage (``STORAGE``): RAM over PCIe, NVMe Gen4 / Gen5, a distributed filesystem client, a
-  network KV store; the tiers of a preset get them with capacity 0 (set with --ram/--ssd/--shared).
+  network KV store; the tiers of a preset get them with capacity 0 (set with --memory-capacity,
+  --disk-capacity, --shared-capacity).
 
 ``resolve_profile(None)`` gives the ``DEFAULT_PRESET`` (h100/llama-3-8b); a path is read as YAML.
 """

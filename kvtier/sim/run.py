@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 from kvtier.sim.load import LoadSpec
 from kvtier.sim.profile import SimProfile
-from kvtier.sim.scheduler import EngineSim, SimResult
+from kvtier.sim.result import SimResult
+from kvtier.sim.scheduler import EngineSim
 from kvtier.sim.summary import summarize_sim, tier_hit_rates, to_records
 from kvtier.sim.trace import SimTrace
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -43,25 +42,9 @@ from kvtier.sim.nogc import gc_paused
 from kvtier.sim.prefix_cache import PrefixCacheModel
 from kvtier.sim.profile import SimProfile
 from kvtier.sim.ram_view import StoredKeysStore
+from kvtier.sim.result import SimResult
 from kvtier.sim.tiers import TIER_NAMES, StoreModel
 from kvtier.sim.trace import SimTrace
-
-
-@dataclass
-class SimResult:
-    """Per-request arrays (index = request index in the trace); ``sent`` False = never issued."""
-    sent: np.ndarray
-    ok: np.ndarray
-    send_s: np.ndarray
-    ttft_s: np.ndarray
-    e2e_s: np.ndarray
-    cached_tokens: np.ndarray
-    tier_tokens: dict[str, np.ndarray]     # gpu, ram, ssd, shared
-    load_s: np.ndarray
-    output_tokens: np.ndarray
-    duration_s: float
-    steps: int
-    counters: dict[str, int]
 
 
 class EngineSim(Admission):

@@ -1,7 +1,7 @@
-"""The simulator's summary: the same keys as ``kvtier bench run`` (``kvtier.bench.summary``),
+"""The simulator's summary: the same keys as ``kvtier bench run`` (``kvtier.client.summary``),
 computed with numpy from per-request arrays, plus the hit rate per tier over time.
 
-A test holds ``summarize_sim`` to ``kvtier.bench.summary.summarize`` on the same records.
+A test holds ``summarize_sim`` to ``kvtier.client.summary.summarize`` on the same records.
 Pure functions.
 """
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.summary import PROMPT_BUCKETS, bucket_label
-from kvtier.sim.scheduler import SimResult
+from kvtier.client.stream import RequestRecord
+from kvtier.client.summary import PROMPT_BUCKETS, bucket_label
+from kvtier.sim.result import SimResult
 from kvtier.sim.trace import SimTrace
 
 TIER_KEYS = ("gpu", "ram", "ssd", "shared")
@@ -57,7 +57,7 @@ def _rate(cached: np.ndarray, prompt: np.ndarray) -> float | None:
 
 
 def _spread(a: np.ndarray, prefix: str) -> dict[str, float | None]:
-    """p10 and the p90 - p10 spread (``kvtier.bench.summary.spread_stats``)."""
+    """p10 and the p90 - p10 spread (``kvtier.client.summary.spread_stats``)."""
     if a.size == 0:
         return {f"{prefix}_p10_s": None, f"{prefix}_spread_s": None}
     p10, p90 = np.percentile(a, [10, 90])
@@ -65,7 +65,7 @@ def _spread(a: np.ndarray, prefix: str) -> dict[str, float | None]:
 
 
 def _computed(cached: np.ndarray, prompt: np.ndarray) -> float | None:
-    """Mean prompt - cached tokens (``kvtier.bench.summary.computed_tokens_per_request``)."""
+    """Mean prompt - cached tokens (``kvtier.client.summary.computed_tokens_per_request``)."""
     return float((prompt - cached).mean()) if prompt.size else None
 
 

@@ -251,7 +251,7 @@ class StoreModel:
         self._parent[0] = parent
         ok, n = tier.policy.put_evicting(key, parent, tier.chunk_bytes, tier.chunk_tokens, tier.capacity_chunks,
                                          self._guards()[i])
-        # (TieredStore._cascade — descendants of a chunk that left every tier — has nothing to do
+        # (Lineage.cascade — descendants of a chunk that left every tier — has nothing to do
         # here: a victim is a leaf in its tier and the guard refuses one with children in another
         # tier unless it has a copy there.)
         tier.evictions += n

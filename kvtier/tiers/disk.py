@@ -29,7 +29,6 @@ caller's buffer (a pinned RAM slot), one without is copied into a staging buffer
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import threading
 import time
@@ -37,18 +36,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-
-from kvtier.chunk import ChunkError, ChunkMeta, check_read_size, encode_header, file_size
-from kvtier.eviction import EvictionPolicy, PolicyName
+from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, check_read_size, encode_header,
+                          file_size)
+from kvtier.eviction import PolicyName
 from kvtier.keys import ChunkKey, Namespace
-from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
-from kvtier.tiers import diskio, manifest
-from kvtier.chunk import HEADER_SIZE, TRAILER_SIZE
-from kvtier.tiers.base import Tier, TierUsage, as_byte_view
-from kvtier.tiers.protocol import Capabilities, WriteDone, WriteItem
-from kvtier.tiers.disklayout import SUFFIX, Ledger, NamespaceDir, is_dead_temp_file
-from kvtier.tiers.writer import Job, WriterPool
+from kvtier.metrics import QUEUE_DEPTH, Telemetry
 from kvtier.security import PRIVATE_DIR_MODE
+from kvtier.tiers import diskio, manifest
+from kvtier.tiers.base import Tier, TierUsage, as_byte_view
+from kvtier.tiers.diskindex import DiskIndex
+from kvtier.tiers.disklayout import Ledger, NamespaceDir
+from kvtier.tiers.protocol import Capabilities, WriteDone, WriteItem
+from kvtier.tiers.writer import Job, WriterPool
 
 class DiskTier(Tier):
     name = "disk"
@@ -64,15 +63,14 @@ class DiskTier(Tier):
         self.fsync = fsync
         self.o_direct = o_direct
         self.o_direct_read = o_direct if o_direct_read is None else o_direct_read
+        #: chunk payloads at least this large are read in pieces in flight with the checksum
+        #: overlapped (``diskio.read_chunk_file``); above every chunk's size: one read per chunk
+        self.read_pipeline_min = diskio.PIPELINE_MIN
         self._ns = namespace.digest()
         self.layout = NamespaceDir(root)
-        self._chunks = self.layout.chunks
         self._tmp = self.layout.tmp
         self._tm = telemetry
-        self._lock = threading.RLock()          # index, policy, pending
-        self._index: dict[ChunkKey, int] = {}   # key -> file size
-        self._unknown_parent: set[ChunkKey] = set()
-        self._policy = EvictionPolicy(policy)
+        self._index = DiskIndex(self.layout, policy)
         self._ledger_file: Ledger | None = None
         self._seq = itertools.count()
         self._writers = WriterPool(self, writer_threads, queue_depth, telemetry)
@@ -97,16 +95,7 @@ class DiskTier(Tier):
         self = cls(root, namespace, capacity, fsync, o_direct, policy, writer_threads, queue_depth,
                    telemetry or Telemetry(), o_direct_read)
         self.rescan_interval_s = rescan_interval_s
-        root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)           # owner-only: prompts' KV
-        self._chunks.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
-        self._tmp.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
-        ns_file = root / "namespace.json"
-        if not ns_file.exists():
-            tmp = self._tmp / f"namespace.{os.getpid()}.{threading.get_ident()}.tmp"
-            tmp.touch(mode=0o600)
-            tmp.write_text(json.dumps({"digest": namespace.digest().hex(),
-                                       "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
-            os.replace(tmp, ns_file)
+        self.layout.create(namespace)
         self._ledger_file = Ledger.open(self.layout.ledger)
         self.clean_temp_files()
         self._note_other_namespaces(Path(path))
@@ -151,70 +140,15 @@ class DiskTier(Tier):
 
     def clean_temp_files(self) -> int:
         """Remove temp files of dead writers (or older than an hour). Returns how many."""
-        removed = 0
-        for path in self.layout.dead_temp_files():
-            try:
-                os.unlink(path)
-                removed += 1
-            except OSError:
-                pass
+        removed = self.layout.remove_dead_temp_files()
         if removed:
             self._tm.event("temp_cleaned", self.name, f"{removed} temp files of dead writers removed")
         return removed
 
-    # -- index ----------------------------------------------------------------------------
-    def _index_add(self, key: ChunkKey, size: int, parent: ChunkKey | None, parent_known: bool,
-                   tokens: int = 1) -> None:
-        with self._lock:
-            if key in self._index:
-                if parent_known and key in self._unknown_parent:
-                    self._unknown_parent.discard(key)
-                    self._policy.set_parent(key, parent)
-                self._policy.touch(key)
-                return
-            self._index[key] = size
-            self._policy.add(key, parent if parent_known else None, size, tokens)
-            if not parent_known:
-                self._unknown_parent.add(key)
-
-    def _index_drop(self, key: ChunkKey) -> None:
-        with self._lock:
-            if self._index.pop(key, None) is not None:
-                self._policy.remove(key)
-                self._unknown_parent.discard(key)
-
-    def _scan_dir(self) -> dict[ChunkKey, tuple[int, float]]:
-        """Published chunk files now in the directory: key -> (size, mtime)."""
-        return {k: (size, mtime) for k, (_, size, mtime) in self.layout.scan().items()}
-
-    def _merge_scan(self, found: dict[ChunkKey, tuple[int, float]], before: set[ChunkKey] | None) -> list[ChunkKey]:
-        """Index what ``found`` has and drop what it lacks; returns the keys dropped.
-
-        ``before``: only keys indexed before the scan started may be dropped (a chunk published
-        while an unlocked scan ran is not in ``found`` yet); None = drop every key not found."""
-        with self._lock:
-            gone = [k for k in self._index if k not in found and (before is None or k in before)]
-        if before is not None:   # an unlocked scan may have missed a file being replaced: confirm
-            gone = [k for k in gone if not os.path.exists(self.path_of(k))]
-        for key in gone:
-            self._index_drop(key)
-        with self._lock:
-            new = sorted((k for k in found if k not in self._index or k in self._unknown_parent),
-                         key=lambda k: found[k][1])
-        hints = self._load_manifest() if new else {}
-        for key in new:   # serial raw reads beat a thread pool here (GIL + per-task overhead)
-            if key in hints:
-                parent, known, tokens = hints[key], True, 1
-            else:
-                head = diskio.read_header(self.path_of(key))
-                parent, known, tokens = (head.parent, True, head.num_tokens) if head else (None, False, 1)
-            self._index_add(key, found[key][0], parent, known, tokens)
-        return gone
-
     def _rescan_locked(self) -> list[ChunkKey]:
         """Rebuild the index from the directory and reset the ledger (holding the shared lock)."""
-        found = self._scan_dir()
-        gone = self._merge_scan(found, None)
+        found = self._index.scan()
+        gone = self._index.merge_scan(found, None)
         self._set_ledger(sum(size for size, _ in found.values()))
         self._scanned_at = time.monotonic()
         return gone
@@ -228,9 +162,8 @@ class DiskTier(Tier):
         lower_thread_priority()
         while not self._stop.wait(self.rescan_interval_s):
             try:
-                with self._lock:
-                    before = set(self._index)
-                gone = self._merge_scan(self._scan_dir(), before)
+                before = set(self._index.keys())
+                gone = self._index.merge_scan(self._index.scan(), before)
                 self._scanned_at = time.monotonic()
                 self.rescans += 1
                 if gone:
@@ -241,14 +174,9 @@ class DiskTier(Tier):
                     return
                 self._tm.event("io_error", self.name, f"rescan: {e}")
 
-    # -- manifest: a hint that saves reading 100k headers at open -----------------------------
-    def _load_manifest(self) -> dict[ChunkKey, ChunkKey | None]:
-        return manifest.load(self.root / "manifest")
-
     def save_manifest(self) -> None:
         """Atomically write (key, parent) of every indexed chunk with a known parent."""
-        with self._lock:
-            records = [(k, self._policy.parent(k)) for k in self._index if k not in self._unknown_parent]
+        records = self._index.manifest_records()
         tmp = f"{self._tmp}/manifest.{os.getpid()}.{threading.get_ident()}.tmp"
         try:
             manifest.save(self.root / "manifest", tmp, records)
@@ -261,7 +189,7 @@ class DiskTier(Tier):
         return key in self._index or self._writers.pending(key)
 
     def payload_size(self, key: ChunkKey) -> int | None:
-        size = self._index.get(key)
+        size = self._index.size(key)
         if size is not None:
             return size - HEADER_SIZE - TRAILER_SIZE
         return self._writers.pending_size(key)
@@ -281,11 +209,12 @@ class DiskTier(Tier):
     def _read(self, key: ChunkKey, out: memoryview) -> ChunkMeta | None:
         path = self.path_of(key)
         try:
-            meta = diskio.read_chunk_file(path, out, self._ns, key, o_direct=self.o_direct_read)
+            meta = diskio.read_chunk_file(path, out, self._ns, key, o_direct=self.o_direct_read,
+                                          pipeline_min=self.read_pipeline_min)
         except FileNotFoundError:
             if key in self._index:
                 self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")
-                self._index_drop(key)
+                self._index.drop(key)
                 self._report_forgotten([key])
             return None
         except ChunkError as e:
@@ -295,7 +224,7 @@ class DiskTier(Tier):
         except OSError as e:
             self._tm.event("io_error", self.name, f"read {key.hex()[:16]}: {e}")
             return None
-        self._index_add(key, file_size(meta.payload_len), meta.parent, True, meta.num_tokens)
+        self._index.add(key, file_size(meta.payload_len), meta.parent, True, meta.num_tokens)
         return meta
 
     def get(self, key: ChunkKey) -> tuple[ChunkMeta, memoryview] | None:
@@ -307,7 +236,7 @@ class DiskTier(Tier):
         if size is None:
             if key in self._index:
                 self._tm.event("missing", self.name, f"{key.hex()[:16]} vanished")
-                self._index_drop(key)
+                self._index.drop(key)
                 self._report_forgotten([key])
             self._tm.miss(self.name)
             return None
@@ -358,7 +287,7 @@ class DiskTier(Tier):
         size = file_size(meta.payload_len)
         final = self.path_of(meta.key)
         if os.path.exists(final):
-            self._index_add(meta.key, size, meta.parent, True, meta.num_tokens)
+            self._index.add(meta.key, size, meta.parent, True, meta.num_tokens)
             return True
         if size > self.capacity:
             self._tm.event("dropped_store", self.name, f"chunk of {size} B exceeds the disk budget")
@@ -370,7 +299,7 @@ class DiskTier(Tier):
             diskio.write_chunk_file(tmp, header, payload, o_direct=self.o_direct,
                                     fsync=self.fsync != "never")
         except OSError as e:
-            _unlink_quiet(tmp)
+            diskio.unlink_quiet(tmp)
             kind = "enospc" if e.errno == 28 else "io_error"
             self._tm.event(kind, self.name, f"write {meta.key.hex()[:16]}: {e}")
             return False
@@ -390,9 +319,8 @@ class DiskTier(Tier):
                     used = self._ledger()
                     while used + size > self.capacity:   # evict from the index only: never rescan here
                         guard = self.evict_guard
-                        with self._lock:   # never evict the new chunk's own parent
-                            victim = self._policy.pick(
-                                exclude=lambda k: k == meta.parent or (guard is not None and guard(k)))
+                        victim = self._index.pick_victim(     # never evict the new chunk's own parent
+                            lambda k: k == meta.parent or (guard is not None and guard(k)))
                         if victim is None:   # the bytes belong to chunks we do not know (yet): drop
                             break
                         used -= self._unlink_locked(victim)
@@ -403,7 +331,7 @@ class DiskTier(Tier):
                         self._set_ledger(used + size)
                         ok = True
                         if self.fsync == "always":
-                            _fsync_dir(os.path.dirname(final))
+                            diskio.fsync_dir(os.path.dirname(final))
                     else:
                         self._set_ledger(used)
                         self._tm.event("dropped_store", self.name, "disk budget full of unevictable chunks")
@@ -411,9 +339,9 @@ class DiskTier(Tier):
             self._tm.event("enospc" if e.errno == 28 else "io_error", self.name, f"publish: {e}")
             ok = False
         finally:
-            _unlink_quiet(tmp)
+            diskio.unlink_quiet(tmp)
         if ok:
-            self._index_add(meta.key, size, meta.parent, True, meta.num_tokens)
+            self._index.add(meta.key, size, meta.parent, True, meta.num_tokens)
         if evicted:
             self._tm.evicted(self.name, len(evicted))
         self._tm.usage(self.name, self._ledger(), self.capacity)
@@ -423,7 +351,7 @@ class DiskTier(Tier):
     def _unlink_locked(self, key: ChunkKey) -> int:
         """Remove a published chunk (holding the shared lock). Returns the bytes freed."""
         path = self.path_of(key)
-        self._index_drop(key)
+        self._index.drop(key)
         try:
             size = os.stat(path).st_size
             os.unlink(path)
@@ -452,28 +380,24 @@ class DiskTier(Tier):
         self._report_forgotten(gone)
 
     def keys(self) -> list[ChunkKey]:
-        with self._lock:
-            return list(self._index)
+        return self._index.keys()
 
     def parent(self, key: ChunkKey) -> ChunkKey | None:
-        with self._lock:
-            return self._policy.parent(key)
+        return self._index.parent(key)
 
     def holds(self, key: ChunkKey) -> bool:
         return key in self._index or self._writers.pending(key)
 
     def has_children(self, key: ChunkKey) -> bool:
-        return self._policy.has_children(key) or bool(self._writers.pending_children(key))
+        return self._index.has_children(key) or bool(self._writers.pending_children(key))
 
     def children(self, key: ChunkKey) -> list[ChunkKey]:
         """Indexed and pending (queued) chunks whose parent is ``key``."""
-        with self._lock:
-            kids = set(self._policy.children(key))
+        kids = self._index.children(key)
         return sorted(kids.union(self._writers.pending_children(key)))
 
     def orphans(self, present: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
-        with self._lock:
-            return self._policy.orphans(present)
+        return self._index.orphans(present)
 
     def close(self) -> None:
         if self._closed:
@@ -489,19 +413,4 @@ class DiskTier(Tier):
             self._ledger_file.close()
 
 
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-__all__ = ["DiskTier", "SUFFIX", "is_dead_temp_file", "log"]
+__all__ = ["DiskTier"]

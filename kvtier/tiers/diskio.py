@@ -30,8 +30,7 @@ if TYPE_CHECKING:
 
 ALIGN = 4096
 PIECE = 2 << 20             # read granularity when hashing overlaps the reads
-PIPELINE_MIN = 4 << 20      # payloads at least this large overlap I/O and checksumming
-READ_PIPELINE_MIN = PIPELINE_MIN   # the same threshold for reads alone (a benchmark may A/B one read per chunk)
+PIPELINE_MIN = 4 << 20      # payloads at least this large overlap I/O and checksumming (the default for reads)
 PREALLOCATE_MIN = 1 << 20   # O_DIRECT chunk files at least this large get their exact blocks reserved first
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -162,6 +161,23 @@ def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
         view, offset = view[n:], offset + n
 
 
+def unlink_quiet(path: str) -> None:
+    """Remove ``path``; nothing when it is already gone or cannot be removed."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def fsync_dir(path: str) -> None:
+    """Make the entries of directory ``path`` durable (after a rename into it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview,
                      *, o_direct: bool, fsync: bool) -> bool:
     """Create ``path`` (must not exist) holding one chunk. Returns whether O_DIRECT was used.
@@ -218,26 +234,27 @@ def _groups(n: int) -> list[range]:
     return [range(0, 2), *(range(i, i + 1) for i in range(2, n - 2)), range(n - 2, n)]
 
 
-def read_plan(payload_len: int, direct: bool) -> list[int]:
+def read_plan(payload_len: int, direct: bool, pipeline_min: int = PIPELINE_MIN) -> list[int]:
     """Bytes of each read system call ``read_chunk_file`` issues for one chunk of ``payload_len``
-    payload bytes into a 4 KiB-aligned buffer (several: all in flight together). The tier's own
-    reads in flight, for a raw baseline that is to match them."""
+    payload bytes into a 4 KiB-aligned buffer (several: all in flight together), with the same
+    ``pipeline_min``. The tier's own reads in flight, for a raw baseline that is to match them."""
     body = payload_len // ALIGN * ALIGN
     if direct and not body:
         return [_round_up(HEADER_SIZE + payload_len + TRAILER_SIZE)]     # one bounce read
     hashed = body if direct else payload_len
     tail = _round_up(payload_len - body + TRAILER_SIZE) if direct else TRAILER_SIZE
     lens = [HEADER_SIZE, *(min(PIECE, hashed - i) for i in range(0, hashed, PIECE)), tail]
-    if hashed < READ_PIPELINE_MIN:
+    if hashed < pipeline_min:
         return [sum(lens)]
     return [sum(lens[i] for i in g) for g in _groups(len(lens))]
 
 
-def _read_and_hash(fd: int, parts: list[memoryview], nhash: int,
-                   end: int | None = None) -> tuple[int, "Hasher | None"]:
+def _read_and_hash(fd: int, parts: list[memoryview], nhash: int, end: int | None = None,
+                   pipeline_min: int = PIPELINE_MIN) -> tuple[int, "Hasher | None"]:
     """Read ``parts`` (consecutive, from offset 0; ``parts[0]`` is the header region); hash the
     first ``nhash``. Returns (bytes read, the running digest state — xxh3-128, or the keyed MAC
     for a signed header — or None if a hashed part came up short). ``end``: the file's size.
+    Fewer than ``pipeline_min`` hashed bytes past the header: one ``preadv``, hashed after it.
 
     Large reads are one ``preadv`` per piece, all issued at once: every piece but the first goes
     to the helper pool, the first (with the header) is read by this thread itself (one thread
@@ -245,7 +262,7 @@ def _read_and_hash(fd: int, parts: list[memoryview], nhash: int,
     in flight together (like one big read) and this thread hashes each piece as soon as it has
     landed, in order, so only the last piece's hash is not overlapped with device time."""
     want_hashed = sum(len(p) for p in parts[:nhash])
-    if want_hashed - len(parts[0]) < READ_PIPELINE_MIN:
+    if want_hashed - len(parts[0]) < pipeline_min:
         got = _preadv_all(fd, parts, 0, end)
         if got < want_hashed:
             return got, None
@@ -305,8 +322,10 @@ def refuse_oversize(fd: int, size: int, plen: int, limit: int, namespace_digest:
 
 
 def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: bytes,
-                    *, o_direct: bool) -> ChunkMeta:
-    """Read and verify the chunk at ``path`` into ``out[:payload_len]``.
+                    *, o_direct: bool, pipeline_min: int = PIPELINE_MIN) -> ChunkMeta:
+    """Read and verify the chunk at ``path`` into ``out[:payload_len]``. Payloads of
+    ``pipeline_min`` bytes or more are read in pieces all in flight, each hashed as it lands;
+    smaller ones in one ``preadv``, checksummed after it.
 
     Raises FileNotFoundError / OSError, ChunkError (verification), or ValueError when
     ``out`` is too small for a well-formed chunk."""
@@ -324,7 +343,7 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
             hdr = memoryview(bytearray(HEADER_SIZE))
             trl = memoryview(bytearray(TRAILER_SIZE))
             parts = [hdr, *_pieces(dst), trl]
-            got, h = _read_and_hash(fd, parts, len(parts) - 1)
+            got, h = _read_and_hash(fd, parts, len(parts) - 1, pipeline_min=pipeline_min)
             digest = h.digest() if h is not None else None
         elif aligned(dst) and body:
             rest = plen - body
@@ -332,7 +351,7 @@ def read_chunk_file(path: str, out: memoryview, namespace_digest: bytes, key: by
             hdr = scratch[:HEADER_SIZE]
             tail = scratch[HEADER_SIZE:HEADER_SIZE + _round_up(rest + TRAILER_SIZE)]
             parts = [hdr, *_pieces(dst[:body]), tail]
-            got, h = _read_and_hash(fd, parts, len(parts) - 1, end=size)
+            got, h = _read_and_hash(fd, parts, len(parts) - 1, end=size, pipeline_min=pipeline_min)
             got = min(got, size)
             dst[body:] = tail[:rest]
             trl = tail[rest:rest + TRAILER_SIZE]

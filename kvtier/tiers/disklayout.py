@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from kvtier.keys import ChunkKey
+from kvtier.keys import ChunkKey, Namespace
+from kvtier.security import PRIVATE_DIR_MODE
 
 SUFFIX = ".kvc"
 STALE_TMP_S = 3600.0
@@ -82,6 +83,19 @@ class NamespaceDir:
         """Every namespace directory of the disk tier at ``path`` (``store.disk.path``)."""
         return [NamespaceDir(p) for p in sorted(path.iterdir()) if (p / "chunks").is_dir()]
 
+    def create(self, namespace: Namespace) -> None:
+        """Create the directory owner-only (it holds prompts' KV) with its ``chunks/`` and ``tmp/``,
+        and ``namespace.json`` when absent (written to a temp file, then renamed into place)."""
+        self.root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        self.chunks.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
+        self.tmp.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        if not self.namespace_json.exists():
+            tmp = self.tmp / f"namespace.{os.getpid()}.{threading.get_ident()}.tmp"
+            tmp.touch(mode=0o600)
+            tmp.write_text(json.dumps({"digest": namespace.digest().hex(),
+                                       "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
+            os.replace(tmp, self.namespace_json)
+
     def path_of(self, key: ChunkKey) -> str:
         h = key.hex()
         return f"{self.chunks}/{h[:2]}/{h}{SUFFIX}"
@@ -105,6 +119,17 @@ class NamespaceDir:
     def dead_temp_files(self) -> list[str]:
         """Temp files whose writer is gone (see ``is_dead_temp_file``)."""
         return [e.path for e in os.scandir(self.tmp) if is_dead_temp_file(e)]
+
+    def remove_dead_temp_files(self) -> int:
+        """Remove the temp files of dead writers; how many were removed."""
+        removed = 0
+        for path in self.dead_temp_files():
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                pass
+        return removed
 
     def namespace_digest(self) -> bytes | None:
         """The digest recorded in namespace.json (None if absent or unreadable)."""

@@ -13,15 +13,27 @@ import mmap
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from kvtier.chunk import ChunkMeta
 from kvtier.keys import ChunkKey
 from kvtier.metrics import QUEUE_DEPTH, Telemetry, log
 from kvtier.tiers.protocol import WriteDone
 
-if TYPE_CHECKING:
-    from kvtier.tiers.disk import DiskTier
+
+class WriteTarget(Protocol):
+    """What the pool writes into (the disk tier): ``write_file`` publishes one chunk file and
+    says whether it did, ``delete`` removes a chunk, ``parent_ok`` (set by the store, or None)
+    says whether a parent chunk is still in some tier, ``_report_evicted`` tells the tier's
+    eviction listeners that chunks left it."""
+
+    parent_ok: Callable[[ChunkKey], bool] | None
+
+    def write_file(self, meta: ChunkMeta, payload: memoryview) -> bool: ...
+
+    def delete(self, key: ChunkKey) -> bool: ...
+
+    def _report_evicted(self, keys: list[ChunkKey]) -> None: ...
 
 
 @dataclass(eq=False)
@@ -50,7 +62,7 @@ class Job:
 
 
 class WriterPool:
-    def __init__(self, tier: "DiskTier", threads: int, depth: int, telemetry: Telemetry) -> None:
+    def __init__(self, tier: WriteTarget, threads: int, depth: int, telemetry: Telemetry) -> None:
         self._tier = tier
         self._nthreads = threads
         self._depth = depth
@@ -221,4 +233,4 @@ def _done(job: Job, ok: bool) -> None:
             log.warning("kvtier: write completion callback failed: %s", e)
 
 
-__all__ = ["Job", "WriterPool"]
+__all__ = ["Job", "WriteTarget", "WriterPool"]

@@ -15,7 +15,7 @@ Turn k of a conversation is sent as the system prompt + the conversation's ``his
 (earlier messages of a resumed chat, optional) + all earlier turns' user and *workload*
 assistant messages + turn k's user message, so every server configuration sees identical
 prompts (``--history live`` replay sends the model's own replies instead:
-``kvtier.bench.history``). Conversations and turns may carry free-form ``metadata``. Full reference:
+``kvtier.client.history``). Conversations and turns may carry free-form ``metadata``. Full reference:
 docs/workload-format.md. ``arrival_s`` is the conversation's arrival hint (open-loop
 replay, trace timestamps); ``think_time_s`` is the pause after the previous turn
 finished. A turn may carry token ids instead of text (``prompt_token_ids``: the full

@@ -21,7 +21,7 @@ runner = CliRunner()
 def test_bench_run_writes_records_and_summary(tmp_path):
     wl = make_workload(tmp_path / "w.jsonl", n_conv=3, n_turns=2)
     with FakeOpenAIServer.start(FakeBehavior(first_token_delay_s=0.01)) as srv:
-        r = runner.invoke(app, ["run", str(wl), "--url", srv.url, "--mode", "closed", "--concurrency", "2",
+        r = runner.invoke(app, ["run", str(wl), "--base-url", srv.url, "--mode", "closed", "--max-concurrency", "2",
                                 "--out", str(tmp_path / "out"), "--json", str(tmp_path / "s.json"), "--no-progress"])
     assert r.exit_code == 0, r.output
     s = json.loads((tmp_path / "s.json").read_text())
@@ -32,13 +32,13 @@ def test_bench_run_writes_records_and_summary(tmp_path):
 
 def test_bench_run_rejects_open_loop_without_rate(tmp_path):
     wl = make_workload(tmp_path / "w.jsonl")
-    r = runner.invoke(app, ["run", str(wl), "--url", "http://127.0.0.1:1", "--mode", "open"])
+    r = runner.invoke(app, ["run", str(wl), "--base-url", "http://127.0.0.1:1", "--mode", "open"])
     assert r.exit_code == 2 and "rate" in r.output
 
 
 def test_bench_run_unreachable_server_is_one_clear_error(tmp_path):
     wl = make_workload(tmp_path / "w.jsonl")
-    r = runner.invoke(app, ["run", str(wl), "--url", f"http://127.0.0.1:{free_port()}", "--no-progress",
+    r = runner.invoke(app, ["run", str(wl), "--base-url", f"http://127.0.0.1:{free_port()}", "--no-progress",
                             "--out", str(tmp_path / "o")])
     assert r.exit_code == 1 and "cannot reach server" in r.output
 
@@ -48,7 +48,7 @@ def test_bench_slo_prints_the_curve(tmp_path, virtual_time):
     # 0.2 s of TTFT per active request: 2 users = 0.4 s, 3 users = 0.6 s, the SLO 0.5 s; in virtual
     # time (tests/unit/virtual_time.py) exactly so, whatever the machine's load
     with virtual_time.server(FakeBehavior(ttft_per_active_s=0.2)) as srv:
-        r = runner.invoke(app, ["slo", str(wl), "--url", srv.url, "--slo", "0.5", "--max-load", "8",
+        r = runner.invoke(app, ["slo", str(wl), "--base-url", srv.url, "--slo", "0.5", "--max-load", "8",
                                 "--requests-per-point", "8", "--out", str(tmp_path / "slo"),
                                 "--json", str(tmp_path / "slo.json")])
     assert r.exit_code == 0, r.output

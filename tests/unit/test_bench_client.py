@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from kvtier.bench.client import ClientOptions, RequestRecord, make_http_client, request_body, send_turn
+from kvtier.client.stream import ClientOptions, RequestRecord, make_http_client, request_body, send_turn
 from kvtier.workload.format import Conversation, Turn
 from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
 from tests.unit.virtual_time import virtual_time  # noqa: F401

@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pytest
 
 from kvtier.bench.compare import load_compare_specs, run_compare
-from kvtier.bench.replay import ReplayOptions
-from kvtier.bench.slo import SloOptions
+from kvtier.client.replay import ReplayOptions
+from kvtier.client.slo import SloOptions
 from kvtier.config import ConfigError
 from kvtier.server import ServerError, ServerSpec
 from tests.unit.fake_openai_server import FakeBehavior

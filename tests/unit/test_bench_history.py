@@ -8,11 +8,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.history import HistoryError, check_history, live_messages, sent_messages
-from kvtier.bench.live_ideal import sent_ideal
-from kvtier.bench.replay import ReplayError, ReplayOptions, load_conversations, read_records, run_replay
-from kvtier.bench.summary import summarize
+from kvtier.client.stream import RequestRecord
+from kvtier.client.history import HistoryError, check_history, live_messages, sent_messages
+from kvtier.client.live_ideal import sent_ideal
+from kvtier.client.replay import ReplayError, ReplayOptions, load_conversations, read_records, run_replay
+from kvtier.client.summary import summarize
 from kvtier.commands import bench_cmd
 from kvtier.workload.format import Conversation, HistoryMessage, Turn, WorkloadHeader, write_workload
 from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
@@ -94,11 +94,11 @@ def test_live_history_refuses_token_id_prompts_in_one_line(tmp_path):
             run_replay(tmp_path / "ids.jsonl", srv.url, _opts(history="live"), tmp_path / "out")
         app = typer.Typer()
         bench_cmd.register(app)
-        r = CliRunner().invoke(app, ["run", str(tmp_path / "ids.jsonl"), "--url", srv.url, "--history", "live",
+        r = CliRunner().invoke(app, ["run", str(tmp_path / "ids.jsonl"), "--base-url", srv.url, "--history", "live",
                                      "--no-progress", "--out", str(tmp_path / "o2")])
         assert r.exit_code == 1 and "token-id prompt" in r.output and "Traceback" not in r.output
         assert not srv.state.requests, "nothing is sent before the refusal"
-        bad = CliRunner().invoke(app, ["run", str(tmp_path / "ids.jsonl"), "--url", srv.url, "--history", "model"])
+        bad = CliRunner().invoke(app, ["run", str(tmp_path / "ids.jsonl"), "--base-url", srv.url, "--history", "model"])
         assert bad.exit_code == 2 and "--history" in bad.output
 
 
@@ -158,7 +158,7 @@ def test_summary_reports_computed_tokens_and_ttft_spread():
 
 def test_token_ids_a_server_streams_are_kept():
     """vLLM with return_token_ids: prompt ids in the first chunk, generated ids per chunk."""
-    from kvtier.bench.client import _collect_ids
+    from kvtier.client.stream import _collect_ids
 
     rec = RequestRecord(conversation_id="c", turn=0, api="chat", start_s=0.0)
     _collect_ids(rec, {"choices": [{"delta": {"role": "assistant"}}], "prompt_token_ids": [1, 2, 3]})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.replay import ReplayError, ReplayOptions, read_records, run_replay
+from kvtier.client.replay import ReplayError, ReplayOptions, read_records, run_replay
 from kvtier.server import free_port
 from kvtier.workload.format import Conversation, Turn, WorkloadHeader, write_workload
 from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
@@ -213,7 +213,7 @@ def test_duration_cancels_requests_still_in_flight_after_the_drain_timeout(tmp_p
 
 
 def test_kvtier_series_come_only_from_kvtier_endpoints() -> None:
-    from kvtier.bench.server_metrics import merge, parse_metrics, server_delta
+    from kvtier.client.server_metrics import merge, parse_metrics, server_delta
 
     api = parse_metrics("vllm:prefix_cache_hits_total 5\nvllm:prefix_cache_queries_total 10\n"
                         "kvtier_connector_load_bytes_total 0\nkvtier_store_hits_total{tier=\"disk\"} 0\n")

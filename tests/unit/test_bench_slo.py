@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from kvtier.bench.replay import ReplayError, ReplayOptions, load_conversations
-from kvtier.bench.slo import SloOptions, SloResult, run_slo, search
+from kvtier.client.replay import ReplayError, ReplayOptions, load_conversations
+from kvtier.client.slo import SloOptions, SloResult, run_slo, search
 from tests.unit.fake_openai_server import FakeBehavior
 from tests.unit.test_bench_replay import make_workload
 from tests.unit.virtual_time import virtual_time  # noqa: F401

@@ -113,7 +113,8 @@ def test_stats_default_tokenizer_on_imported_mooncake_trace(app, tmp_path):
     trace.write_text("".join(json.dumps({"timestamp": i, "input_length": 600, "output_length": 4,
                                          "hash_ids": [1, 2 + i % 3]}) + "\n" for i in range(70)))
     out = tmp_path / "m.jsonl"
-    assert _run(app, "workload", "import", "mooncake", str(trace), "--scale", "16", "--out", str(out)).exit_code == 0
+    assert _run(app, "workload", "import", "mooncake", str(trace), "--mooncake-scale", "16",
+                "--out", str(out)).exit_code == 0
     r = _run(app, "workload", "stats", str(out), "--tokenizer", "default", "--block-size", "16")
     assert r.exit_code == 0, (r.output, r.exception)
     assert "ideal prefix hit rate" in r.stdout
@@ -126,7 +127,7 @@ def test_workload_generators_and_importers(app, tmp_path):
     if HAVE_MODEL:
         d = tmp_path / "d.jsonl"
         r = _run(app, "workload", "longdoc", "--documents", "2", "--doc-tokens", "200", "--questions", "2",
-                 "--max-prompt-length", "600", "--tokenizer", "default", "--out", str(d))
+                 "--max-prompt-tokens", "600", "--tokenizer", "default", "--out", str(d))
         assert r.exit_code == 0, r.output
         assert len(load_workload(d).conversations) == 4  # 2 documents x 2 questions
     s = tmp_path / "s.jsonl"
@@ -139,7 +140,8 @@ def test_workload_generators_and_importers(app, tmp_path):
 def test_bench_run_on_each_kind(app, workload, tmp_path):
     n = sum(len(c.turns) for c in load_workload(workload).conversations)
     with FakeOpenAIServer.start(FakeBehavior()) as srv:
-        r = _run(app, "bench", "run", str(workload), "--url", srv.url, "--concurrency", "2", "--no-progress",
+        r = _run(app, "bench", "run", str(workload), "--base-url", srv.url, "--max-concurrency", "2",
+                 "--no-progress",
                  "--out", str(tmp_path / "o"), "--json", str(tmp_path / "s.json"))
     assert r.exit_code == 0, r.output
     s = json.loads((tmp_path / "s.json").read_text())
@@ -148,18 +150,18 @@ def test_bench_run_on_each_kind(app, workload, tmp_path):
 
 def test_bench_slo_on_each_kind(app, workload, tmp_path):
     with FakeOpenAIServer.start(FakeBehavior()) as srv:
-        r = _run(app, "bench", "slo", str(workload), "--url", srv.url, "--slo", "10", "--max-load", "2",
+        r = _run(app, "bench", "slo", str(workload), "--base-url", srv.url, "--slo", "10", "--max-load", "2",
                  "--requests-per-point", "4", "--out", str(tmp_path / "slo"), "--json", str(tmp_path / "r.json"))
     assert r.exit_code == 0, r.output
     assert json.loads((tmp_path / "r.json").read_text())["best_load"] == 2
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["bench", "run", "{wl}", "--url", "http://127.0.0.1:9", "--mode", "sideways"], "--mode"),
-    (["bench", "run", "{wl}", "--url", "http://127.0.0.1:9", "--concurrency", "0"], "concurrency"),
-    (["bench", "run", "{wl}", "--url", "http://127.0.0.1:9", "--mode", "open"], "rate"),
-    (["bench", "slo", "{wl}", "--url", "http://127.0.0.1:9", "--mode", "trace"], "--mode"),
-    (["bench", "slo", "{wl}", "--url", "http://127.0.0.1:9", "--slo", "-1"], "slo"),
+    (["bench", "run", "{wl}", "--base-url", "http://127.0.0.1:9", "--mode", "sideways"], "--mode"),
+    (["bench", "run", "{wl}", "--base-url", "http://127.0.0.1:9", "--max-concurrency", "0"], "concurrency"),
+    (["bench", "run", "{wl}", "--base-url", "http://127.0.0.1:9", "--mode", "open"], "rate"),
+    (["bench", "slo", "{wl}", "--base-url", "http://127.0.0.1:9", "--mode", "trace"], "--mode"),
+    (["bench", "slo", "{wl}", "--base-url", "http://127.0.0.1:9", "--slo", "-1"], "slo"),
     (["bench", "compare", "{wl}", "--configs", "/nonexistent/c.yaml"], "compare config not found"),
     (["demo", "--users", "0"], "--users"),
     (["demo", "--conversations", "5000"], "--conversations"),
@@ -205,11 +207,11 @@ def test_unreadable_paths(app, tmp_path):
     _one_line_error(_run(app, "serve", "--config", str(tmp_path / "none.yaml"), "--dry-run"),
                     "config file not found", code=2)
     _one_line_error(_run(app, "workload", "stats", str(tmp_path)), str(tmp_path), code=2)  # a directory
-    _one_line_error(_run(app, "bench", "run", str(tmp_path / "none.jsonl"), "--url", "http://127.0.0.1:9",
+    _one_line_error(_run(app, "bench", "run", str(tmp_path / "none.jsonl"), "--base-url", "http://127.0.0.1:9",
                          "--no-progress", "--out", str(tmp_path / "o")), "none.jsonl")
     bad_disk = tmp_path / "file-not-dir"
     bad_disk.write_text("x")
-    _one_line_error(_run(app, "serve", "--disk", str(bad_disk / "sub"), "--dry-run"), "file-not-dir", code=2)
+    _one_line_error(_run(app, "serve", "--disk-path", str(bad_disk / "sub"), "--dry-run"), "file-not-dir", code=2)
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -222,7 +224,7 @@ def test_malformed_workload_file(app, tmp_path, content, needle):
     p = tmp_path / "w.jsonl"
     p.write_text(content)
     _one_line_error(_run(app, "workload", "stats", str(p)), needle, code=2)
-    _one_line_error(_run(app, "bench", "run", str(p), "--url", "http://127.0.0.1:9", "--no-progress",
+    _one_line_error(_run(app, "bench", "run", str(p), "--base-url", "http://127.0.0.1:9", "--no-progress",
                          "--out", str(tmp_path / "o")), needle)
 
 
@@ -245,7 +247,7 @@ def test_model_folder_that_is_not_a_model(app, tmp_path, monkeypatch):
     empty.mkdir()
     (empty / "README").write_text("hello")
     for args in (["generate", "hi", "--model", str(empty)],
-                 ["serve", "--model", str(empty)],
+                 ["serve", str(empty)],
                  ["workload", "longdoc", "--out", str(tmp_path / "d.jsonl"), "--tokenizer", str(empty)]):
         _one_line_error(_run(app, *args), "not-a-model")
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvtier.bench.client import RequestRecord
+from kvtier.client.stream import RequestRecord
 from kvtier.demo import companion
 from kvtier.demo.calibrate import Calibration, fit_profile
 from kvtier.demo.common import DemoOptions, ModelFacts

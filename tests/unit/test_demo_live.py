@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvtier.bench.replay import read_records
+from kvtier.client.replay import read_records
 from kvtier.demo import companion
 from kvtier.demo.calibrate import Calibration, fit_profile
 from kvtier.demo.common import DemoOptions, ModelFacts
@@ -82,7 +82,7 @@ def test_quick_has_no_light_point_unless_asked():
 
 
 def test_returning_turns_bound_uses_load_rate_and_new_tokens():
-    from kvtier.bench.client import RequestRecord
+    from kvtier.client.stream import RequestRecord
     from kvtier.demo.live import returning_turns
 
     profile = fit_profile([(256, 0.5), (1024, 2.0)])          # linear: about 2 ms per token

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.slo import mean_in_flight, steady_summary, steady_window
+from kvtier.client.stream import RequestRecord
+from kvtier.client.slo import mean_in_flight, steady_summary, steady_window
 from kvtier.demo import slo as slo_demo
 from kvtier.demo.calibrate import Calibration, fit_profile
 from kvtier.demo.common import DemoOptions, ModelFacts
@@ -59,7 +59,7 @@ def test_users_in_lockstep_need_three_rounds_for_a_window():
     """Why MIN_STEADY_ROUNDS is 3: with 2 requests per user (the session-5 sizing floor) every user's
     second request goes out in one burst right after the first round, nothing ends before the last
     one is issued, and the point has no measurement (the session-6 SLO run at 6 and 8 users)."""
-    from kvtier.bench.slo import MIN_STEADY_ROUNDS
+    from kvtier.client.slo import MIN_STEADY_ROUNDS
     users = 6
 
     def lockstep(rounds: int) -> list[RequestRecord]:     # equal documents: every request takes 1 s
@@ -70,8 +70,8 @@ def test_users_in_lockstep_need_three_rounds_for_a_window():
 
 
 def test_steady_state_search_refuses_fewer_requests_per_user_than_a_window_needs():
-    from kvtier.bench.replay import ReplayError
-    from kvtier.bench.slo import SloOptions
+    from kvtier.client.replay import ReplayError
+    from kvtier.client.slo import SloOptions
     with pytest.raises(ReplayError, match="at least 3 requests per user"):
         SloOptions(steady_state=True, min_requests_per_user=2).validate("closed")
     SloOptions(steady_state=True, min_requests_per_user=3).validate("closed")

@@ -1,4 +1,4 @@
-"""The companion demo's engine step budget: vLLM's defaults unless --step-tokens N, then the same
+"""The companion demo's engine step budget: vLLM's defaults unless --max-num-batched-tokens N, then the same
 N-token budget (long-prefill cap N/2) for every configuration."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def test_default_and_zero_mean_vllm_defaults_n_is_n_tokens_in_blocks() -> None:
     assert choose_step_budget(SLOW) == choose_step_budget(SLOW, 0) == StepBudget(None, None, "vLLM default")
     assert choose_step_budget(SLOW, 0).engine_args() == (None, ())
     b = choose_step_budget(SLOW, 1000)
-    assert (b.tokens, b.prefill_cap, b.source) == (896, 384, "--step-tokens")
+    assert (b.tokens, b.prefill_cap, b.source) == (896, 384, "--max-num-batched-tokens")
     assert b.step_s == SLOW.seconds(896)
     assert choose_step_budget(SLOW, 50).tokens == 128 and choose_step_budget(SLOW, 50).prefill_cap == 128
 
@@ -50,5 +50,5 @@ def test_cli_rejects_a_negative_step_budget() -> None:
 
     app = typer.Typer()
     demo_cmd.register(app)
-    res = CliRunner().invoke(app, ["demo", "--step-tokens", "-5"])
-    assert res.exit_code == 2 and "--step-tokens" in res.output
+    res = CliRunner().invoke(app, ["demo", "--max-num-batched-tokens", "-5"])
+    assert res.exit_code == 2 and "--max-num-batched-tokens" in res.output

@@ -152,10 +152,10 @@ def test_an_error_on_the_calling_threads_piece_waits_for_the_helpers(tmp_path: P
 
 
 def test_one_read_per_chunk_mode_reads_and_verifies_the_same(tmp_path: Path, monkeypatch) -> None:
-    """READ_PIPELINE_MIN (what the bench's one-read pass sets): one preadv per chunk, checksum after."""
+    """``read_pipeline_min`` above the chunk (the bench's one-read pass): one preadv per chunk, checksum after."""
     tier = DiskTier.open(tmp_path, NS, 2**30, o_direct=True, telemetry=Telemetry(), rescan_interval_s=0)
     key, meta, src = _put(tier, DEFAULT, seed=8)
-    monkeypatch.setattr(diskio, "READ_PIPELINE_MIN", 1 << 62)
+    tier.read_pipeline_min = 1 << 62
     spy = _Spy(monkeypatch)
     out = _aligned(DEFAULT)
     assert tier.get_into(key, out) == meta and bytes(out) == src

@@ -103,7 +103,7 @@ def test_corrupted_chunk_quarantined_not_deleted(tmp_path):
         f.seek(HEADER_SIZE + 17)
         f.write(b"\x00\x01\x02")
     q = tmp_path.parent / f"{tmp_path.name}-quarantine"
-    r = _fsck_cli(str(tmp_path), "--quarantine", str(q), "--json")
+    r = _fsck_cli(str(tmp_path), "--quarantine", str(q), "--json", "-")
     assert r.exit_code == 1, r.output
     rep = json.loads(r.stdout)
     assert list(rep["bad"].values()) == ["corrupt"] and len(rep["orphans"]) == 2

@@ -27,7 +27,7 @@ from kvtier.keys import Namespace, chunk_keys
 from kvtier.metrics import Telemetry
 from kvtier.store import TieredStore
 from kvtier.tiers import diskio
-from kvtier.tiers import sharedfs_io as sio
+from kvtier.tiers.sharedfs import io as sio
 from kvtier.tiers.protocol import Deadline, Status
 
 NS = Namespace("m", "f", "float32", "L", 4, 4)
@@ -199,7 +199,7 @@ class _FakeValkey:
 
 class _FakeConns:
     def __init__(self, client: _FakeValkey) -> None:
-        from kvtier.tiers.valkey_conn import Group
+        from kvtier.tiers.valkey.conn import Group
 
         self._group = Group
         self.client = client
@@ -257,7 +257,7 @@ class _FakeMooncake:
 def test_mooncake_get_checks_the_object_size_before_allocating(size):
     from kvtier.config import MooncakeConfig
     from kvtier.tiers.mooncake import MooncakeTier
-    from kvtier.tiers.mooncake_client import Client
+    from kvtier.tiers.mooncake.client import Client
 
     chunk.register_read_limit(NS.digest(), LIMIT)
     client = Client(MooncakeConfig())

@@ -106,6 +106,7 @@ def test_resume_takes_earlier_roles_and_reports_shared_columns(tmp_path: Path, m
     """A run split into jobs: the second invocation runs only a shared reader; the vanilla and
     writer results come from the first one's files."""
     import kvtier.bench.ttft as ttft
+    from kvtier.bench.ttft_report import report_markdown
 
     wd = tmp_path / "wd"
     wd.mkdir()
@@ -130,7 +131,7 @@ def test_resume_takes_earlier_roles_and_reports_shared_columns(tmp_path: Path, m
     row = rep.rows[0]
     assert (row.vanilla_s, row.kvtier_ram_s, row.shared_hit_s) == (4.0, 0.5, {"valkey": 0.9})
     assert sorted(rep.resumed_roles) == ["kvtier-w", "vanilla"] and rep.violations == []
-    md = ttft.report_markdown(rep)
+    md = report_markdown(rep)
     assert "kvtier valkey hit (fresh engine, empty local tiers)" in md and "earlier invocation" in md
     assert md.splitlines()[[i for i, l in enumerate(md.splitlines()) if l.startswith("| 1024")][0]].endswith(
         "0.900 |")

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from kvtier.metrics import Telemetry
 from kvtier.tiers.protocol import Deadline, Status
-from kvtier.tiers.sharedfs_janitor import Janitor, Lease
+from kvtier.tiers.sharedfs.janitor import Janitor, Lease
 from kvtier.tiers.bursts import Bursts
-from kvtier.tiers.sharedfs_layout import Layout
+from kvtier.tiers.sharedfs.layout import Layout
 
 from tests.unit.sharedfs_helpers import NS, P, bufs, cfg, chain, open_tier, write_all
 

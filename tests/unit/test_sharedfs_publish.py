@@ -1,5 +1,5 @@
 """Publishing a shared-fs chunk file never replaces an existing one: renameat2(RENAME_NOREPLACE)
-where the filesystem has it, link + unlink where it does not (kvtier/tiers/sharedfs_io.py)."""
+where the filesystem has it, link + unlink where it does not (kvtier/tiers/sharedfs/io.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from kvtier.tiers import sharedfs_io as sio
+from kvtier.tiers.sharedfs import io as sio
 
 
 def _files(tmp_path):

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from kvtier.metrics import Telemetry
-from kvtier.tiers import sharedfs, sharedfs_io
+from kvtier.tiers.sharedfs import io as sharedfs_io
+from kvtier.tiers.sharedfs import tier as sharedfs
 from kvtier.tiers.protocol import Deadline, PrefixResult, Status, WriteItem
 
 from tests.unit.sharedfs_helpers import NS, P, bufs, chain, open_tier, write_all
@@ -387,7 +388,7 @@ def test_shared_budget_over_overfill_drops_writes(tmp_path) -> None:
         items = chain(8)
         assert all(write_all(t, items[:6]))
         t.janitor = None                                  # a janitor that cannot keep up
-        from kvtier.tiers.sharedfs_janitor import Janitor
+        from kvtier.tiers.sharedfs.janitor import Janitor
         j = Janitor(t.layout, t.cfg.model_copy(update={"capacity": 10**12}), t.events, 2)
         j.run_pass()                                      # publishes the count (6 files) without evicting
         t._refresh_usage()

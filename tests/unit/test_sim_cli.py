@@ -35,7 +35,7 @@ def make_wl(tmp_path, n=4):
 
 def test_simulate_prints_and_writes_json_and_plots(tmp_path) -> None:
     wl = make_wl(tmp_path)
-    r = runner.invoke(app, ["simulate", str(wl), "--ram", "1GiB", "--json", str(tmp_path / "s.json"),
+    r = runner.invoke(app, ["simulate", str(wl), "--memory-capacity", "1GiB", "--json", str(tmp_path / "s.json"),
                             "--out", str(tmp_path / "out"), "-c", "2"])
     assert r.exit_code == 0, r.output
     s = json.loads((tmp_path / "s.json").read_text())
@@ -63,12 +63,12 @@ BAD = [
     (["simulate", "BADJSON"], "not valid JSON"),
     (["simulate", "WL", "--mode", "sideways"], "--mode"),
     (["simulate", "WL", "--mode", "open"], "rate"),
-    (["simulate", "WL", "--ram", "lots"], "--ram"),
+    (["simulate", "WL", "--memory-capacity", "lots"], "--memory-capacity"),
     (["simulate", "WL", "--eviction", "fifo"], "--eviction"),
     (["simulate", "WL", "--profile", "BADPROFILE"], "engine.block_size"),
     (["simulate", "WL", "--profile", "BADYAML"], "YAML"),
     (["simulate", "WL", "--profile", "no-such-preset"], "unknown profile"),
-    (["simulate", "WL", "--concurrency", "0"], "concurrency"),
+    (["simulate", "WL", "--max-concurrency", "0"], "concurrency"),
 ]
 
 
@@ -89,7 +89,7 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, needle) -> None:
 def test_plan_prints_curve_and_cheapest_candidate(tmp_path) -> None:
     wl = make_wl(tmp_path, n=6)
     r = runner.invoke(app, ["plan", str(wl), "--json", str(tmp_path / "p.json"), "--out", str(tmp_path / "o"),
-                            "--gpu-kv-tokens", "2000", "-c", "2", "--chunk-size", "16"])
+                            "--kv-cache-tokens", "2000", "-c", "2", "--chunk-size", "16"])
     assert r.exit_code == 0, r.output
     p = json.loads((tmp_path / "p.json").read_text())
     assert 0 < p["ideal_hit_rate"] < 1 and p["knee_bytes"] > 0 and p["curve"]
@@ -106,7 +106,7 @@ def test_calibrate_against_a_fake_server_writes_a_loadable_profile(tmp_path, vir
     # token delay, not that plus a loaded machine's scheduling delays (the RAM/disk probes keep real time)
     monkeypatch.setattr(sim_calibrate, "make_http_client", virtual_time.http_client)
     with virtual_time.server(FakeBehavior(first_token_delay_s=0.02, token_delay_s=0.004)) as srv:
-        r = runner.invoke(app, ["calibrate", "--url", srv.url, "--out", str(tmp_path / "p.yaml"),
+        r = runner.invoke(app, ["calibrate", "--base-url", srv.url, "--out", str(tmp_path / "p.yaml"),
                                 "--lengths", "64,256", "--repeats", "1", "--decode-tokens", "6",
                                 "--probe-mib", "8", "--disk-path", str(tmp_path / "disk"),
                                 "--json", str(tmp_path / "m.json")])
@@ -121,6 +121,6 @@ def test_calibrate_against_a_fake_server_writes_a_loadable_profile(tmp_path, vir
 
 def test_calibrate_unreachable_server_is_one_line(tmp_path) -> None:
     from kvtier.server import free_port
-    r = runner.invoke(app, ["calibrate", "--url", f"http://127.0.0.1:{free_port()}", "--out",
-                            str(tmp_path / "p.yaml"), "--timeout", "5"])
+    r = runner.invoke(app, ["calibrate", "--base-url", f"http://127.0.0.1:{free_port()}", "--out",
+                            str(tmp_path / "p.yaml"), "--request-timeout", "5"])
     assert r.exit_code == 2 and "cannot reach" in r.output and len(r.output.strip().splitlines()) == 1

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from kvtier.bench.summary import summarize
+from kvtier.client.summary import summarize
 from kvtier.sim.costs import StepCost
 from kvtier.sim.load import LoadSpec
 from kvtier.sim.profile import EngineProfile, SimProfile, TierProfile

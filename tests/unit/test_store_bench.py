@@ -11,8 +11,9 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from kvtier.bench import disk_attribution, store_bench
-from kvtier.bench.store_bench import order, ratio_stats, spread
+from kvtier.bench import (disk_attribution, store_bench, store_bench_disk, store_bench_files, store_bench_lookup,
+                          store_bench_raw, store_bench_report, store_bench_rounds)
+from kvtier.bench.store_bench_rounds import order, ratio_stats, spread
 
 
 def test_spread_and_ratio_of_rounds() -> None:
@@ -33,7 +34,7 @@ def test_slow_medium_keeps_its_digits() -> None:
     get, raw = [0.01234, 0.01187, 0.01311], [0.04718, 0.04551, 0.04902]
     assert spread(get) == {"median": 0.01234, "min": 0.01187, "max": 0.01311}
     r = ratio_stats(get, raw)
-    stored = [store_bench.sig(a) / store_bench.sig(b) for a, b in zip(get, raw)]
+    stored = [store_bench_rounds.sig(a) / store_bench_rounds.sig(b) for a, b in zip(get, raw)]
     assert r["median"] == pytest.approx(statistics.median(stored), rel=1e-3)
 
 
@@ -44,7 +45,7 @@ def test_raw_and_tier_alternate_order() -> None:
 @pytest.fixture
 def tiny(monkeypatch):
     monkeypatch.setattr(store_bench, "MODELS", {"default": 256, "7b": 512})   # 64 / 128 KiB chunks
-    monkeypatch.setattr(store_bench, "drop_kernel_caches", lambda: False)    # never drop the machine's caches here
+    monkeypatch.setattr(store_bench_lookup, "drop_kernel_caches", lambda: False)    # never drop the machine's caches here
 
 
 def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) -> None:
@@ -61,7 +62,7 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
         d = r["models"][name]["disk"]
         assert d["rounds"] == 3 and len(d["per_round"]["raw_read_gbps"]) == 3
         assert d["raw_read_gbps"] == pytest.approx(statistics.median(d["per_round"]["raw_read_gbps"]), rel=1e-3)
-        for v in store_bench.VARIANTS:
+        for v in store_bench_rounds.VARIANTS:
             t = d["variants"][v]
             assert len(t["per_round"]["get_gbps"]) == 3
             g = t["get_vs_raw_read"]
@@ -69,10 +70,10 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
             per_round = [a / b for a, b in zip(t["per_round"]["get_gbps"], d["per_round"]["raw_read_gbps"])]
             assert g["median"] == pytest.approx(statistics.median(per_round), rel=0.02)
         assert d["get_gbps"] == d["variants"]["direct"]["get_gbps"]
-        for v in store_bench.VARIANTS:     # a raw baseline at the tier's own concurrency and read mode
+        for v in store_bench_rounds.VARIANTS:     # a raw baseline at the tier's own concurrency and read mode
             t = d["variants"][v]
             assert t["raw_read_same_io_gbps"]["median"] > 0 and t["get_vs_raw_read_same_io"]["median"] > 0
-        h = d["variants"][store_bench.HEADLINE]   # the same chunk files read raw / by get / one read per chunk
+        h = d["variants"][store_bench_rounds.HEADLINE]   # the same chunk files read raw / by get / one read per chunk
         for k in ("raw_read_same_files_gbps", "get_again_gbps", "get_one_read_gbps"):
             assert len(h["per_round"]["get_gbps"]) == 3 and h[k]["median"] > 0, k
         assert h["get_vs_raw_read_same_files"]["median"] > 0 and len(h["layout_per_round"]) == 3
@@ -83,7 +84,7 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
         assert m["spread"]["get_gbps"]["min"] <= m["get_gbps"] <= m["spread"]["get_gbps"]["max"]
     assert set(r["targets"]) >= {"default.disk_get", "7b.disk_put", "default.memory_get", "lookup_ms_128_chunks"}
     assert sum("round 3/3" in line for line in logs) == 2
-    md = store_bench.to_markdown(r)
+    md = store_bench_report.to_markdown(r)
     assert "| 7b |" in md and "median" in md and ("MISSED" in md or ": met" in md)
     assert not (tmp_path / "raw.bin").exists() and not list((tmp_path / "raw-same-io").iterdir())
     assert "NOT dropped" in md and "tier's own concurrency" in md
@@ -102,7 +103,7 @@ def test_raw_same_io_matches_the_tiers_reads_in_flight(tmp_path: Path, monkeypat
         return rawread.RawRead(1.0, file_bytes * files, files, reads_in_flight, piece_bytes, o_direct, tries)
     monkeypatch.setattr(rawread, "best_raw_read", fake)
     chunk = 23_040 * 256
-    store_bench.raw_read_same_io(tmp_path, chunk, 2, o_direct=True)
+    store_bench_raw.raw_read_same_io(tmp_path, chunk, 2, o_direct=True)
     assert seen["inflight"] == len(diskio.read_plan(chunk, True)) == 3
     assert -(-seen["fbytes"] // seen["piece"]) == 3          # the file in 3 pieces, one per read
 
@@ -135,13 +136,13 @@ def test_buffered_puts_are_timed_until_written_back(tmp_path: Path, monkeypatch)
         time.sleep(0.3)
         real()
 
-    monkeypatch.setattr(store_bench.os, "sync", slow_sync)
-    res = store_bench.bench_disk(tmp_path, 65536, 4, o_direct=False, o_direct_read=False)
+    monkeypatch.setattr(store_bench_disk.os, "sync", slow_sync)
+    res = store_bench_disk.bench_disk(tmp_path, 65536, 4, o_direct=False, o_direct_read=False)
     assert res["put_gbps"] <= 4 * 65536 / 0.3 / 1e9    # (before the fix: buffered puts never waited for it)
 
 
 def test_virtual_disk_note_names_virtio_or_says_nothing(tmp_path: Path) -> None:
-    note = store_bench.virtual_disk_note(tmp_path)
+    note = store_bench_files.virtual_disk_note(tmp_path)
     assert note is None or "host may serve reads from its own cache" in note
 
 
@@ -159,7 +160,7 @@ def test_cli_writes_json_and_markdown_next_to_it(tmp_path: Path, monkeypatch, ti
         return real(path, 1 << 20, quick, log=log, repeat=repeat, recovery_chunks=10, lookup_reps=3)
     monkeypatch.setattr(store_bench, "run", small)
     out = tmp_path / "res" / "store.json"
-    res = CliRunner().invoke(app, ["bench", "store", "--dir", str(tmp_path / "d"), "--repeat", "2",
+    res = CliRunner().invoke(app, ["bench", "store", "--disk-path", str(tmp_path / "d"), "--repeats", "2",
                                    "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert seen["repeat"] == 2
@@ -174,5 +175,5 @@ def test_cli_rejects_zero_rounds(tmp_path: Path) -> None:
     bench = typer.Typer()
     app.add_typer(bench, name="bench")
     store_cmd.register(app)
-    res = CliRunner().invoke(app, ["bench", "store", "--dir", str(tmp_path), "--repeat", "0"])
+    res = CliRunner().invoke(app, ["bench", "store", "--disk-path", str(tmp_path), "--repeats", "0"])
     assert res.exit_code == 2

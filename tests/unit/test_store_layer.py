@@ -124,7 +124,7 @@ def test_publish_path_never_rescans_the_directory(tmp_path: Path, monkeypatch) -
     keys = chunk_keys(NS, list(range(40)))
     with TieredStore.open(cfg(tmp_path, mem_chunks=0, disk_chunks=4, disk={"rescan_interval_s": 0}), NS) as s:
         disk = s.tier("disk")
-        monkeypatch.setattr(disk, "_scan_dir", lambda: (_ for _ in ()).throw(AssertionError("rescan on publish")))
+        monkeypatch.setattr(disk._index, "scan", lambda: (_ for _ in ()).throw(AssertionError("rescan on publish")))
         for i, k in enumerate(keys):                          # independent one-chunk prompts
             assert s.put(k, None, payload(i), num_tokens=4, shape=(P,), dtype="uint8")
         assert s.flush(10)                                    # evicted from its index to fit the budget

@@ -153,7 +153,7 @@ def test_fsck_reports_and_repairs(tmp_path: Path) -> None:
 
 def test_fsck_cli(tmp_path: Path) -> None:
     DiskTier.open(tmp_path, NS, 10**9).close()
-    ok = subprocess.run([sys.executable, "-m", "kvtier.cli", "fsck", str(tmp_path), "--json"],
+    ok = subprocess.run([sys.executable, "-m", "kvtier.cli", "fsck", str(tmp_path), "--json", "-"],
                         capture_output=True, text=True)
     assert ok.returncode == 0 and '"clean": true' in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "kvtier.cli", "fsck", str(tmp_path / "nope")],

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
-from kvtier.bench.ttft import CpuMeter, TtftReport, TtftRow, kvtier_bench_config, report_json, report_markdown
+from kvtier.bench.ttft import CpuMeter
+from kvtier.bench.ttft_engine import kvtier_bench_config
+from kvtier.bench.ttft_report import report_json, report_markdown
+from kvtier.bench.ttft_result import TtftReport, TtftRow
 
 
 def _report() -> TtftReport:
@@ -36,7 +39,7 @@ def test_markdown_has_every_column_the_config_and_the_load() -> None:
 def test_a_row_that_did_not_load_what_it_claims_fails_the_run() -> None:
     import pytest
 
-    from kvtier.bench.ttft import TtftCheckFailed, check_report
+    from kvtier.bench.ttft_result import TtftCheckFailed, check_report
 
     rep = _report()
     check_report(rep)                   # no violations: fine

@@ -112,7 +112,7 @@ class _Conns:
     """Routes key i to node i % NODES (what the slot map does for hash-tagged keys)."""
 
     def __init__(self, nodes: list[_Node]) -> None:
-        from kvtier.tiers.valkey_conn import Group
+        from kvtier.tiers.valkey.conn import Group
 
         self.nodes, self._group = nodes, Group
 

@@ -46,7 +46,7 @@ def test_import_mooncake_and_vllm(app, tmp_path):
     trace.write_text('{"timestamp": 0, "input_length": 1000, "output_length": 4, "hash_ids": [1, 2]}\n'
                      '{"timestamp": 5, "input_length": 900, "output_length": 4, "hash_ids": [1, 3]}\n')
     out = tmp_path / "m.jsonl"
-    r = _run(app, "import", "mooncake", str(trace), "--scale", "4", "--out", str(out))
+    r = _run(app, "import", "mooncake", str(trace), "--mooncake-scale", "4", "--out", str(out))
     assert r.exit_code == 0, r.output
     wl = load_workload(out)
     assert [len(c.turns[0].prompt_token_ids) for c in wl.conversations] == [250, 225]

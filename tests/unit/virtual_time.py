@@ -16,8 +16,8 @@ Use the ``virtual_time`` fixture (import it into the test module)::
         with virtual_time.server(FakeBehavior(first_token_delay_s=0.2)) as srv:
             run_replay(wl, srv.url, ...)          # srv.state: the fake's requests, as usual
 
-Scope: ``kvtier.bench.client`` and ``kvtier.bench.replay`` read the virtual clock (their
-``time.perf_counter``), ``kvtier.bench.replay.make_http_client`` gets the in-process transport,
+Scope: ``kvtier.client.stream`` and ``kvtier.client.replay`` read the virtual clock (their
+``time.perf_counter``), ``kvtier.client.replay.make_http_client`` gets the in-process transport,
 and ``asyncio.run`` makes virtual-time loops, for the test's duration only. A URL that no virtual
 server answers (or one that was stopped) is a connection error, as with a real socket.
 """
@@ -212,7 +212,7 @@ class VirtualTime:
         return VirtualServer(self.transport, f"fake.invalid:{next(self._ports)}", behavior or FakeBehavior())
 
     def http_client(self, base_url: str, opts: Any) -> httpx.AsyncClient:
-        """``kvtier.bench.client.make_http_client`` on the in-process transport."""
+        """``kvtier.client.stream.make_http_client`` on the in-process transport."""
         return httpx.AsyncClient(base_url=base_url, transport=self.transport,
                                  timeout=httpx.Timeout(opts.request_timeout_s, connect=opts.connect_timeout_s))
 
@@ -220,8 +220,8 @@ class VirtualTime:
 @pytest.fixture
 def virtual_time(monkeypatch) -> VirtualTime:
     """Patch the bench modules and asyncio for the test (all undone afterwards)."""
-    import kvtier.bench.client as client
-    import kvtier.bench.replay as replay
+    import kvtier.client.stream as client
+    import kvtier.client.replay as replay
     import tests.unit.fake_openai_server as fake
 
     vt = VirtualTime()

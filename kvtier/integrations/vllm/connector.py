@@ -144,7 +144,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                       promote_min_hits=cfg.connector.promote_min_hits,
                                       always_report=self.namespace.tp_size > 1,
                                       async_read_depth=cfg.connector.async_read_depth)
-            port = None if cfg.metrics.port is None else cfg.metrics.port + 1 + self.namespace.tp_rank
+            port = cfg.metrics.port + 1 + self.namespace.tp_rank if cfg.metrics.port else None  # 0 = off
         if port:
             serve(port, cfg.metrics.host)
         stats_dir = cfg.connector.stats_dir or (

@@ -1,6 +1,6 @@
 """The ideal (infinite-cache) hit rate of the prompts a replay actually sent.
 
-In live mode (``kvtier.bench.history``) the prompts depend on the model's replies, so the
+In live mode (``kvtier.client.history``) the prompts depend on the model's replies, so the
 workload's own ideal (``kvtier.workload.stats``) is not the ceiling of the run. Here every
 successful chat request's messages are rebuilt from the records (``sent_messages``), rendered with
 the tokenizer (the model's chat template with an ``HFTokenizer``) and replayed in send order
@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.history import sent_messages
+from kvtier.client.stream import RequestRecord
+from kvtier.client.history import sent_messages
 from kvtier.workload.format import Conversation
 from kvtier.workload.stats import PrefixBlockSet
 from kvtier.workload.tokens import TokenCounter, render_chat_many

@@ -15,7 +15,7 @@ Mooncake semantics and what the tier does about them (tests/integration/test_moo
   mid-transfer; nothing to do on our side but to keep reads short.
 * Objects live in the segment of a client: a client that lends memory (``segment_bytes`` > 0) takes
   its objects with it when it exits. kvtier's default is ``segment_bytes: 0`` (store into other
-  clients' segments): run a standalone pool owner (``mooncake_client`` or
+  clients' segments): run a standalone pool owner (``client`` or
   tests/services/mooncake_pool_owner.py). A vanished object is a counted miss.
 * The master evicts when the pool is full (high watermark); a put it cannot place returns
   ``NO_AVAILABLE_HANDLE``: ``False`` + a ``full`` event once per burst.
@@ -24,7 +24,7 @@ Mooncake semantics and what the tier does about them (tests/integration/test_moo
   namespace's read limit (``store.max_chunk_bytes``; larger: a ``too_large`` miss, removed).
 * Deadlines: existence checks run on a helper thread and are abandoned at the deadline
   (``UNAVAILABLE``: they touch no caller memory); reads and writes are bounded by the client's own
-  RPC / transfer timeouts, derived from ``io_timeout_s`` (see ``mooncake_client``). A master absent at
+  RPC / transfer timeouts, derived from ``io_timeout_s`` (see ``client``). A master absent at
   start is retried in the background; a restarted master is reconnected by the client itself.
 """
 
@@ -44,7 +44,7 @@ from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
 from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view
 from kvtier.tiers.bursts import Bursts
-from kvtier.tiers.mooncake_client import (INVALID_PARAMS, OBJECT_ALREADY_EXISTS, OBJECT_NOT_FOUND, TRANSFER_FAIL,
+from kvtier.tiers.mooncake.client import (INVALID_PARAMS, OBJECT_ALREADY_EXISTS, OBJECT_NOT_FOUND, TRANSFER_FAIL,
                                           Client, fault_kind, import_store)
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from kvtier.bench.client import RequestRecord
+from kvtier.client.stream import RequestRecord
 
 # Prompt-length buckets in tokens: [lo, hi).
 PROMPT_BUCKETS: tuple[tuple[int, int | None], ...] = (

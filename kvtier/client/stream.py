@@ -9,7 +9,7 @@ later text-bearing chunks; e2e is the end of the stream. Usage comes from the fi
 server reports it (vLLM: ``--enable-prompt-tokens-details``), else ``None``.
 
 The generated text (``delta.content`` / ``text`` of every chunk, reasoning excluded) is kept in
-``reply``: live-history replay (``kvtier.bench.history``) sends it back as the assistant message of
+``reply``: live-history replay (``kvtier.client.history``) sends it back as the assistant message of
 the next turn, and the prompts actually sent can be rebuilt from the records. When the server
 streams token ids (vLLM with ``return_token_ids: true`` in the body, e.g. through
 ``ClientOptions.extra_body``) they are kept too: ``prompt_token_ids`` (the prompt as the server

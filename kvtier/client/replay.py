@@ -3,7 +3,7 @@
 Ordering contract: within a conversation, turn k+1 is sent only after turn k finished
 (successfully or not) plus ``think_time_s * think_time_scale``; in trace mode also not
 before the turn's ``arrival_s``. Conversations interleave freely. ``history`` decides whose
-assistant messages a prompt carries (``kvtier.bench.history``): ``workload`` (default) the
+assistant messages a prompt carries (``kvtier.client.history``): ``workload`` (default) the
 workload's text, so every server configuration sees identical prompts; ``live`` the replies this
 server streamed for the conversation's earlier turns, as a real chat client does.
 
@@ -31,11 +31,11 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 
 import httpx
 
-from kvtier.bench.client import (CONNECT_ERROR, ClientOptions, RequestRecord, discover_model, make_http_client,
+from kvtier.client.stream import (CONNECT_ERROR, ClientOptions, RequestRecord, discover_model, make_http_client,
                                  send_turn)
-from kvtier.bench.history import HISTORY_MODES, HistoryError, HistoryMode, check_history, live_messages, live_reply
-from kvtier.bench.server_metrics import scrape_all, server_delta
-from kvtier.bench.summary import summarize
+from kvtier.client.history import HISTORY_MODES, HistoryError, HistoryMode, check_history, live_messages, live_reply
+from kvtier.client.server_metrics import scrape_all, server_delta
+from kvtier.client.summary import summarize
 from kvtier.workload.format import Conversation, WorkloadError, iter_conversations, read_header
 
 Mode = Literal["closed", "open", "trace"]
@@ -73,9 +73,9 @@ class ReplayOptions:
         if self.history not in HISTORY_MODES:
             raise ReplayError(f"unknown history {self.history!r} (live or workload)")
         if self.mode == "closed" and self.concurrency < 1:
-            raise ReplayError("closed loop needs concurrency >= 1")
+            raise ReplayError("closed loop needs --max-concurrency >= 1")
         if self.mode == "open" and not (self.rate and self.rate > 0):
-            raise ReplayError("open loop needs --rate > 0 (conversations per second)")
+            raise ReplayError("open loop needs --request-rate > 0 (conversations per second)")
         if self.max_requests is not None and self.max_requests < 1:
             raise ReplayError("max_requests must be >= 1")
         if self.duration_s is not None and self.duration_s <= 0:

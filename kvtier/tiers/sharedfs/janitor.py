@@ -34,8 +34,8 @@ import numpy as np
 
 from kvtier.config import SharedFsConfig
 from kvtier.tiers.bursts import Bursts
-from kvtier.tiers.sharedfs_io import DaemonPool
-from kvtier.tiers.sharedfs_layout import HOST, Layout
+from kvtier.tiers.sharedfs.io import DaemonPool
+from kvtier.tiers.sharedfs.layout import HOST, Layout
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from kvtier.bench.client import RequestRecord
-from kvtier.bench.replay import ReplayError, ReplayOptions, replay_conversations, write_json
+from kvtier.client.stream import RequestRecord
+from kvtier.client.replay import ReplayError, ReplayOptions, replay_conversations, write_json
 from kvtier.workload.format import Conversation
 
 
@@ -137,7 +137,7 @@ def mean_in_flight(records: Sequence[RequestRecord], t0: float, t1: float) -> fl
 
 def steady_summary(full: dict[str, Any], records: Sequence[RequestRecord], users: int) -> dict[str, Any]:
     """The run's summary recomputed on its steady-state window (failures counted over the whole run)."""
-    from kvtier.bench.summary import summarize
+    from kvtier.client.summary import summarize
 
     kept, t0, t1 = steady_window(records, users)
     out = summarize(kept, duration_s=max(t1 - t0, 0.0), windows=0)

@@ -49,8 +49,9 @@ from kvtier.metrics import Telemetry
 from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view, copy_bytes
 from kvtier.tiers.bursts import Bursts
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
-from kvtier.tiers.valkey_conn import Connections, fault_kind, require_client, short
-from kvtier.tiers.valkey_wire import WINDOW_BYTES, release, send_sets, set_pieces, windows
+from kvtier.tiers.valkey.conn import Connections, fault_kind, require_client, short
+from kvtier.tiers.valkey.server import read_limits, read_usage
+from kvtier.tiers.valkey.wire import WINDOW_BYTES, release, send_sets, set_pieces, windows
 
 __all__ = ["ValkeyTier", "WINDOW_BYTES", "send_sets", "set_pieces"]
 
@@ -100,17 +101,7 @@ class ValkeyTier(RemoteTier):
     # -- probing ---------------------------------------------------------------------------
     def _probe(self, at_open: bool = False) -> None:
         try:
-            limits, policies, maxmem = [], set(), []
-            for node in self._conns.all_nodes("lookup"):
-                pipe = node.pipeline(transaction=False)
-                pipe.config_get("proto-max-bulk-len")
-                pipe.config_get("maxmemory*")
-                bulk, mem = pipe.execute(raise_on_error=False)
-                if isinstance(bulk, dict) and "proto-max-bulk-len" in bulk:
-                    limits.append(int(bulk["proto-max-bulk-len"]))
-                if isinstance(mem, dict):
-                    policies.add(mem.get("maxmemory-policy", "?"))
-                    maxmem.append(int(mem.get("maxmemory", 0) or 0))
+            limits = read_limits(self._conns)
         except Exception as exc:
             kind = fault_kind(exc)
             if kind == "auth_failed" and at_open:
@@ -124,13 +115,14 @@ class ValkeyTier(RemoteTier):
                 self._bursts.fault(kind, f"{self.where} at open: {short(exc)}")
             return
         self._limits_known = True
-        if limits:
+        if limits.max_bulk:
             self.capabilities = Capabilities(shared=True, evicts_itself=True, complete_index=False,
-                                             local_budget=False, max_chunk_bytes=min(limits))
-        if at_open and (policies & {"noeviction"} or (maxmem and min(maxmem) == 0)):
+                                             local_budget=False, max_chunk_bytes=min(limits.max_bulk))
+        if at_open and limits.will_not_evict():
             log.warning("kvtier valkey tier at %s: maxmemory=%s policy=%s: the server will not evict chunks "
                         "(set maxmemory and maxmemory-policy allkeys-lru)", self.where,
-                        min(maxmem) if maxmem else "?", ",".join(sorted(policies)) or "?")
+                        min(limits.maxmemory) if limits.maxmemory else "?",
+                        ",".join(sorted(limits.policies)) or "?")
 
     def _rk(self, key: ChunkKey) -> bytes:
         return self._prefix + b"{" + key.hex().encode() + b"}"
@@ -352,19 +344,10 @@ class ValkeyTier(RemoteTier):
         if now - self._usage_at < _USAGE_EVERY_S:
             return
         self._usage_at = now
-        used = cap = count = 0
         try:
-            for node in self._conns.all_nodes("lookup"):
-                pipe = node.pipeline(transaction=False)
-                pipe.info("memory")
-                pipe.dbsize()
-                info, size = pipe.execute()
-                used += int(info.get("used_memory", 0))
-                cap += int(info.get("maxmemory", 0))
-                count += int(size)
+            self._usage = read_usage(self._conns)
         except Exception:
             return
-        self._usage = TierUsage(used, max(cap, used), count)
 
     def flush(self, timeout: float | None = None) -> bool:
         return True

@@ -13,7 +13,7 @@ reply the user saw; its workload text is sent in its place and counted
 replies already inside) cannot carry live replies: ``check_history`` refuses them with one line.
 
 ``sent_messages`` rebuilds the messages every recorded request carried from the records alone
-(the replies are in them), which is what the live ideal hit rate (``kvtier.bench.live_ideal``) is
+(the replies are in them), which is what the live ideal hit rate (``kvtier.client.live_ideal``) is
 computed from. Side-effect free.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Iterable, Literal, Sequence
 
-from kvtier.bench.client import Message, RequestRecord
+from kvtier.client.stream import Message, RequestRecord
 from kvtier.workload.format import Conversation
 
 HistoryMode = Literal["live", "workload"]

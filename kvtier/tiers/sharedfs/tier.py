@@ -2,11 +2,11 @@
 
 For JuiceFS, 3FS, CephFS, Lustre, GlusterFS, NFS, YRCloudFile — any filesystem with
 atomic ``rename`` inside one directory tree. Safe with concurrent writers on different
-machines and no lock: names are content addresses (``sharedfs_layout``), a chunk is
+machines and no lock: names are content addresses (``layout``), a chunk is
 written to ``tmp/`` and renamed into ``chunks/``, a duplicate write replaces identical
 bytes, every read is verified (``kvtier.chunk``) and a torn, truncated, half-visible or
 vanished file is a counted miss. The budget belongs to the elected janitor
-(``sharedfs_janitor``), never to the write path.
+(``janitor``), never to the write path.
 
 Batched calls fan out over a fixed ``DaemonPool`` (``lookup_threads`` for existence
 checks, ``max_inflight`` for reads — a network stat or read is a round trip) and wait at
@@ -29,15 +29,16 @@ from kvtier.chunk import ChunkError, ChunkMeta, encode_header, read_limit
 from kvtier.config import SharedFsConfig
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import Telemetry
-from kvtier.tiers import sharedfs_io as sio
 from kvtier.tiers.base import RemoteTier, TierUsage, as_byte_view, copy_bytes
 from kvtier.tiers.bursts import Bursts
+from kvtier.tiers.diskio import unlink_quiet
 from kvtier.tiers.protocol import Capabilities, Deadline, PrefixResult, ReadResult, Status, WriteDone, WriteItem
-from kvtier.tiers.sharedfs_janitor import Janitor
-from kvtier.tiers.sharedfs_layout import DOWN_ERRNOS, HOST, TIER, Layout, Stamps
-from kvtier.tiers.sharedfs_writer import WriteQueue
+from kvtier.tiers.sharedfs import io as sio
+from kvtier.tiers.sharedfs.janitor import Janitor
+from kvtier.tiers.sharedfs.layout import HOST, TIER, Layout, Stamps
+from kvtier.tiers.sharedfs.mount import DOWN, OK, READ_ONLY, Mount
+from kvtier.tiers.sharedfs.writer import WriteQueue
 
-OK, READ_ONLY, DOWN = "ok", "read_only", "down"
 COPY_MARGIN_S = 0.05    # batched calls give up this much before their deadline (never past it)
 BAD_GRACE_S = 10.0      # a file failing verification is removed once renamed into place this long ago
 
@@ -55,7 +56,7 @@ class SharedFsTier(RemoteTier):
         self._tm = telemetry
         self.events = Bursts(telemetry, TIER)
         self.stamps = Stamps()
-        self.state = DOWN
+        self.mount = Mount(self.layout, namespace, self.events)
         self._stats = sio.DaemonPool(cfg.lookup_threads, "kvtier-sharedfs-stat")
         self._reads = sio.DaemonPool(cfg.max_inflight, "kvtier-sharedfs-read")
         self._writer = WriteQueue(cfg.writer_threads, cfg.queue_depth, self._write_one, self._touch)
@@ -65,6 +66,15 @@ class SharedFsTier(RemoteTier):
         self._stop = threading.Event()
         self._maint: threading.Thread | None = None
         self._closed = False
+
+    @property
+    def state(self) -> str:
+        """``OK``, ``READ_ONLY`` or ``DOWN`` (``Mount``)."""
+        return self.mount.state
+
+    @state.setter
+    def state(self, value: str) -> None:
+        self.mount.state = value
 
     @classmethod
     def open(cls, cfg: SharedFsConfig, namespace: Namespace, telemetry: Telemetry | None = None) -> "SharedFsTier":
@@ -76,47 +86,17 @@ class SharedFsTier(RemoteTier):
                 cfg.path.mkdir(parents=True, exist_ok=True)
             except OSError:
                 pass
-        self._probe()
+        self.mount.probe()
         self._writer.start()
         self._maint = threading.Thread(target=self._maintain, name="kvtier-sharedfs-janitor", daemon=True)
         self._maint.start()
         return self
 
-    # -- state ---------------------------------------------------------------------------------
-    def _probe(self) -> str:
-        """Check the mount now (creates the namespace dirs, writes and removes a probe file)."""
-        try:
-            self.layout.ensure_root(self.namespace)
-            sio.probe_write(f"{self.layout.tmp}/probe.{HOST}.{os.getpid()}.tmp")
-            new = OK
-        except OSError as e:
-            new = READ_ONLY if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) and \
-                self.layout.chunks.is_dir() else DOWN
-            detail = str(e)
-        if new == OK and self.state != OK:
-            self.events.resumed("shared_down", "shared filesystem answers again")
-            self.events.resumed("read_only", "shared filesystem is writable again")
-        elif new == DOWN:
-            self.events.fault("shared_down", f"{self.layout.base}: {detail}")
-        elif new == READ_ONLY:
-            self.events.fault("read_only", f"{self.layout.base}: {detail}; reads only")
-        self.state = new
-        return new
-
-    def _os_error(self, e: OSError, what: str) -> Status:
-        """Classify an OSError: a down mount (UNAVAILABLE) or a per-chunk fault (MISS)."""
-        if e.errno in DOWN_ERRNOS:
-            self.state = DOWN
-            self.events.fault("shared_down", f"{what}: {e}")
-            return Status.UNAVAILABLE
-        self.events.fault("io_error", f"{what}: {e}")
-        return Status.MISS
-
     def _maintain(self) -> None:
         last_janitor = float("-inf")
         while not self._stop.wait(min(self.cfg.probe_interval_s, self.cfg.janitor_interval_s)):
             if self.state != OK:
-                self._probe()
+                self.mount.probe()
             self._refresh_usage()
             if self.janitor is not None and self.state == OK and \
                     time.monotonic() - last_janitor >= self.cfg.janitor_interval_s:
@@ -132,7 +112,7 @@ class SharedFsTier(RemoteTier):
                 return False
             r = self.janitor.run_pass()
         except OSError as e:
-            self._os_error(e, "janitor")
+            self.mount.os_error(e, "janitor")
             return False
         self._used, self._files = r.used_bytes - r.freed_bytes, r.files - r.evicted
         if r.evicted:
@@ -183,7 +163,7 @@ class SharedFsTier(RemoteTier):
                 if m is not None:
                     self.stamps.set(key, m)
             except OSError as e:
-                v = None if self._os_error(e, "stat") is Status.UNAVAILABLE else False
+                v = None if self.mount.os_error(e, "stat") is Status.UNAVAILABLE else False
             b.put(i, v)
 
         sio.fan_out(self._stats, b, job)
@@ -237,7 +217,7 @@ class SharedFsTier(RemoteTier):
                 self.events.fault("wrong_size", f"{key.hex()[:16]}: {e}")   # exception for what another machine wrote
                 return b.put(i, ReadResult.miss("wrong_size"))
             except OSError as e:
-                st = self._os_error(e, f"read {key.hex()[:16]}")
+                st = self.mount.os_error(e, f"read {key.hex()[:16]}")
                 return b.put(i, ReadResult(st, None, "down" if st is Status.UNAVAILABLE else "io"))
             with b.cond:
                 if b.abandoned:
@@ -339,14 +319,14 @@ class SharedFsTier(RemoteTier):
                 os.makedirs(os.path.dirname(final), exist_ok=True)
                 sio.publish(tmp, final)
         except OSError as e:
-            _unlink_quiet(tmp)
+            unlink_quiet(tmp)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
                 self.events.fault("enospc", f"write {meta.key.hex()[:16]}: {e}")
             elif e.errno == errno.EROFS:
                 self.state = READ_ONLY
                 self.events.fault("read_only", f"write: {e}")
             else:
-                self._os_error(e, f"write {meta.key.hex()[:16]}")
+                self.mount.os_error(e, f"write {meta.key.hex()[:16]}")
             return False
         self._tm.wrote(TIER, meta.payload_len, time.perf_counter() - t0)
         return True
@@ -433,13 +413,6 @@ class SharedFsTier(RemoteTier):
             t.join(self.cfg.lookup_timeout_s)     # a stalled mount: the lease simply expires
         self._stats.close()
         self._reads.close()
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
 
 
 __all__ = ["SharedFsTier"]
