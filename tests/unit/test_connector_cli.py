@@ -219,3 +219,13 @@ def test_discover_uses_vllms_metrics_when_they_carry_every_process():
     assert [s.role for s in sources] == ["vLLM /metrics"] and seen[0] == "http://h:8000/metrics"
     assert sources[0].samples["kvtier_connector_lookups_total"] == 10
     assert vllm["vllm:prefix_cache_hits_total"] == 250
+
+
+def test_metrics_port_zero_is_off_for_every_process() -> None:
+    """``metrics.port: 0`` turns metrics off in the scheduler and in every worker (a worker once took
+    0 + 1 + rank and tried to bind port 1)."""
+    from kvtier.integrations.vllm.metrics import metrics_port
+
+    assert metrics_port(9400, None) == 9400 and metrics_port(9400, 0) == 9401 and metrics_port(9400, 3) == 9404
+    for off in (None, 0):
+        assert metrics_port(off, None) is None and metrics_port(off, 0) is None and metrics_port(off, 2) is None

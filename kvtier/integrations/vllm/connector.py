@@ -38,7 +38,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 from kvtier.compute import dtype_itemsize, kv_bytes
 from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
-from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, serve
+from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, metrics_port, serve
 from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name
 from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
 from kvtier.integrations.vllm.worker_side import WorkerSide
@@ -136,7 +136,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 request_log=RequestLog(cfg.connector.request_log),
                 worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
                 shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5)
-            port = cfg.metrics.port
+            port = metrics_port(cfg.metrics.port, None)
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
                                       load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics,
@@ -144,7 +144,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                       promote_min_hits=cfg.connector.promote_min_hits,
                                       always_report=self.namespace.tp_size > 1,
                                       async_read_depth=cfg.connector.async_read_depth)
-            port = cfg.metrics.port + 1 + self.namespace.tp_rank if cfg.metrics.port else None  # 0 = off
+            port = metrics_port(cfg.metrics.port, self.namespace.tp_rank)
         if port:
             serve(port, cfg.metrics.host)
         stats_dir = cfg.connector.stats_dir or (

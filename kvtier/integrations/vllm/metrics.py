@@ -151,6 +151,14 @@ class SnapshotWriter:
         self._write()
 
 
+def metrics_port(base: int | None, worker_rank: int | None) -> int | None:
+    """The port this process serves metrics on: ``base`` for the scheduler (``worker_rank`` None),
+    ``base + 1 + rank`` for worker ``rank``; None when metrics are off (``base`` absent or 0)."""
+    if not base:
+        return None
+    return base if worker_rank is None else base + 1 + worker_rank
+
+
 def serve(port: int, host: str = "127.0.0.1") -> bool:
     """Serve this process's default registry on host:port (loopback by default; any other address is
     an explicit choice and logged once); False (logged) if the port is taken."""
