@@ -18,6 +18,10 @@ it); saves copy out of the paged buffers in ``wait_for_save`` and are written to
 in the background by the store. ``get_num_new_matched_tokens`` may return ``(None, False)``
 ("ask again") while the shared tier's existence answer is pending (bounded by
 ``store.shared.lookup_timeout_s``).
+
+KV events: with vLLM's ``--kv-events-config`` enabled, ``take_events`` (scheduler) returns
+``BlockStored`` / ``BlockRemoved`` for kvtier's tiers (medium ``CPU`` / ``DISK`` / ``SHARED``)
+with vLLM's block hashes, published by vLLM with its own events (``kv_events.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import atexit
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -37,6 +41,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.compute import dtype_itemsize, kv_bytes
 from kvtier.integrations.vllm.extra_config import config_from_extra
+from kvtier.integrations.vllm.kv_events import DEFAULT_MAP_CAPACITY, KvEvents
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, metrics_port, serve
 from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name
@@ -72,6 +77,12 @@ def _log_level_from_env() -> None:
 
 _TIER_SOURCE = {"memory": CacheHitSource.HOST, "ram": CacheHitSource.HOST, "worker": CacheHitSource.HOST,
                 "disk": CacheHitSource.DISK, "ssd": CacheHitSource.DISK}
+
+
+def _kv_events_enabled(vllm_config: "VllmConfig") -> bool:
+    """Whether vLLM publishes KV events (``--kv-events-config`` with ``enable_kv_cache_events``)."""
+    cfg = getattr(vllm_config, "kv_events_config", None)
+    return bool(cfg is not None and getattr(cfg, "enable_kv_cache_events", False))
 
 
 def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
@@ -125,17 +136,24 @@ class KvtierConnector(KVConnectorBase_V1):
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
         role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
+        kv_events = _kv_events_enabled(vllm_config) and not self._unsupported
+        self._events: KvEvents | None = None
         if role == KVConnectorRole.SCHEDULER:
             mem, disk = cfg.store.memory, cfg.store.disk
             chunk_bytes = _chunk_bytes(vllm_config, self.namespace.chunk_size)
             local_budget = (mem.capacity if mem.enabled else 0) + (disk.capacity if disk.enabled else 0)
+            # every chunk the local tiers can hold, twice over (re-saves, shared-tier writes)
+            self._events = KvEvents(enabled=kv_events, chunk_size=self.namespace.chunk_size, block_size=block_size,
+                                    capacity=min(1 << 20, max(DEFAULT_MAP_CAPACITY, 2 * local_budget // chunk_bytes)),
+                                    metrics=self.metrics)
             self._sched = SchedulerSide(
                 self.store, self.namespace, block_size=block_size, save=cfg.connector.save,
                 min_hit_chunks=cfg.connector.min_hit_chunks, save_generated=cfg.connector.save_generated,
                 metrics=self.metrics,
                 request_log=RequestLog(cfg.connector.request_log),
                 worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
-                shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5)
+                shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5,
+                kv_events=self._events)
             port = metrics_port(cfg.metrics.port, None)
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
@@ -143,7 +161,7 @@ class KvtierConnector(KVConnectorBase_V1):
                                       promote=cfg.connector.promote, background_cpus=cfg.connector.background_cpus,
                                       promote_min_hits=cfg.connector.promote_min_hits,
                                       always_report=self.namespace.tp_size > 1,
-                                      async_read_depth=cfg.connector.async_read_depth)
+                                      async_read_depth=cfg.connector.async_read_depth, kv_events=kv_events)
             port = metrics_port(cfg.metrics.port, self.namespace.tp_rank)
         if port:
             serve(port, cfg.metrics.host)
@@ -210,6 +228,8 @@ class KvtierConnector(KVConnectorBase_V1):
             log.warning("kvtier: flush at shutdown failed: %s", e)
         if self._snapshots is not None:
             self._snapshots.stop()
+        if self._events is not None and self._events.enabled:
+            log.info("kvtier: KV events: %s", self._events.stats())
 
     # ---------------------------------------------------------------- scheduler side
     def bind_kv_cache_manager(self, kv_cache_manager: "KVCacheManager") -> None:
@@ -252,6 +272,16 @@ class KvtierConnector(KVConnectorBase_V1):
             self._sched.on_worker_meta(meta)
         if self._sched is not None:
             self._sched.on_finished_recving(connector_output.finished_recving)
+
+    def take_events(self) -> Iterable[Any]:
+        """(scheduler, each step) ``BlockStored`` / ``BlockRemoved`` of kvtier's tiers since the last call."""
+        if self._events is None or not self._events.enabled:
+            return ()
+        try:
+            return self._events.take()
+        except Exception as e:  # events never fail a step
+            self._events.failed("take", e)
+            return ()
 
     def request_finished(self, request: "Request", block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         if self._sched is None:

@@ -7,6 +7,7 @@ plain dataclasses of ints, strings and bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
@@ -91,6 +92,17 @@ class SaveOutcome:
                            self.generated_bytes + other.generated_bytes, self.failed + other.failed)
 
 
+@dataclass(frozen=True)
+class TierChange:
+    """One chunk entering (``stored``) or leaving (``removed``) one tier of the worker, in the order
+    it happened; ``tier`` is the tier's name (``memory``, ``disk``, ``shared``: a save whose write to
+    the shared tier was accepted). The scheduler turns these into KV events (``kv_events.py``)."""
+
+    kind: Literal["stored", "removed"]
+    tier: str
+    key: bytes
+
+
 @dataclass
 class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     """Worker -> scheduler, once per step: load outcomes and what changed in the worker's tiers.
@@ -103,7 +115,10 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     only where **every** rank stored it (each rank holds its own slice of the KV), so stored
     keys are intersected, missing/evicted keys are united, and a load counts as far as the
     rank that loaded least. Every rank of a TP>1 engine reports each step (``always_report``),
-    even when it has nothing to say, so an empty rank empties the intersection."""
+    even when it has nothing to say, so an empty rank empties the intersection.
+
+    ``tier_changes`` (only with KV events enabled): every tier's entries and exits, in order.
+    Folded like the keys: an entry counts where every rank made it, an exit where any rank did."""
 
     pid: int = 0
     loads: dict[str, LoadOutcome] = field(default_factory=dict)
@@ -112,6 +127,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     stored_tiers: list[str] = field(default_factory=list)     # parallel to stored_keys ("" = unknown)
     evicted_keys: list[bytes] = field(default_factory=list)
     saves: dict[str, SaveOutcome] = field(default_factory=dict)   # per request, this step (bytes: all ranks)
+    tier_changes: list[TierChange] = field(default_factory=list)
 
     def tier_of(self) -> dict[bytes, str]:
         tiers = self.stored_tiers + [""] * (len(self.stored_keys) - len(self.stored_tiers))
@@ -137,5 +153,9 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         saves = dict(self.saves)
         for req_id, o in other.saves.items():
             saves[req_id] = saves[req_id].add(o) if req_id in saves else o
+        theirs_in = {c for c in other.tier_changes if c.kind == "stored"}
+        changes = [c for c in self.tier_changes if c.kind != "stored" or c in theirs_in]
+        mine_out = {c for c in self.tier_changes if c.kind != "stored"}
+        changes += [c for c in other.tier_changes if c.kind != "stored" and c not in mine_out]
         return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone,
-                                    saves)
+                                    saves, changes)

@@ -20,7 +20,9 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
   has copied them (``releases`` -> finished_sending).
 - Worker reports (``on_worker_meta``) record what was actually loaded per request, next to
   what was claimed, in the request log (JSON lines) and the metrics, and feed the
-  ``Directory`` of the worker's chunks (stored, promoted, evicted).
+  ``Directory`` of the worker's chunks (stored, promoted, evicted), and, with ``kv_events``,
+  vLLM's KV events of the tiers (``kv_events.py``: the chunks planned for saving and those the
+  store holds at admission are remembered with their vLLM block hashes).
 - No data-plane I/O on EngineCore's loop: local availability is the store's index lookup
   plus the directory; a shared tier is asked once per request, off the loop
   (``RemoteLookups``); while that answer is pending ``num_new_matched_tokens`` returns None
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from kvtier.integrations.vllm.directory import Directory, RemoteLookups
+from kvtier.integrations.vllm.kv_events import KvEvents
 from kvtier.integrations.vllm.request_keys import KEY_FIELDS, KeyFieldsMissing, request_extra
 from kvtier.integrations.vllm.request_log import RequestLog
 from kvtier.integrations.vllm.metadata import (
@@ -92,7 +95,7 @@ class SchedulerSide:
     def __init__(self, store: LookupStore, namespace: Namespace, *, block_size: int, save: bool,
                  min_hit_chunks: int, save_generated: bool = False, metrics: "ConnectorMetrics | None" = None,
                  request_log: RequestLog | None = None, worker_key_capacity: int = 0,
-                 shared_lookup_timeout_s: float = 0.5) -> None:
+                 shared_lookup_timeout_s: float = 0.5, kv_events: KvEvents | None = None) -> None:
         self.store = store
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -115,6 +118,7 @@ class SchedulerSide:
                                          if metrics else None)
         self._loading: set[str] = set()     # requests with an asynchronous load in flight
         self._releasing: dict[str, list[SaveChunk]] = {}   # finished: saves to ship, then free the blocks
+        self.kv_events = kv_events if kv_events is not None and kv_events.enabled else None
 
     def bind(self, block_ids_of) -> None:
         self._block_ids_of = block_ids_of
@@ -218,6 +222,8 @@ class SchedulerSide:
         if st is None:
             return
         st.next_save_chunk = max(st.next_save_chunk, st.stored_chunks)  # never re-save what the store holds
+        for ci in range(min(st.stored_chunks, len(st.keys)) if self.kv_events is not None else 0):
+            self.kv_events.remember(bytes(st.keys[ci]), request, ci)   # held now: announce their evictions
         if self.metrics:
             self.metrics.admitted(request.num_prompt_tokens, self.hit_tiers(request, num_external_tokens))
         if num_external_tokens <= 0:
@@ -320,6 +326,8 @@ class SchedulerSide:
                 break
             generated = (ci + 1) * self.chunk_size > prompt
             st.next_save_chunk += 1
+            if self.kv_events is not None:
+                self.kv_events.remember(bytes(st.keys[ci]), st.request, ci)
             if generated and self._held(st.keys[ci]):   # e.g. the same reply generated again
                 continue
             out.append(SaveChunk(req_id, ci, bytes(st.keys[ci]), bytes(st.keys[ci - 1]) if ci else None,
@@ -383,6 +391,8 @@ class SchedulerSide:
             st = self._reqs.get(req_id)
             if o.failed_tokens and st is not None and st.claim_async:
                 st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
+        if self.kv_events is not None:
+            self.kv_events.on_changes(meta.tier_changes)
         self.forget_worker_keys(meta.missing_keys)
         self.forget_worker_keys(meta.evicted_keys)
         if meta.pid != os.getpid():

@@ -31,7 +31,9 @@ Contract:
 - Reports (``take_worker_meta``): the store's events (``store.subscribe``) become the keys
   stored/promoted into, and evicted from, this worker's local tiers — the scheduler's
   directory of what is where. A key evicted from one tier but still in another is
-  reported as stored there; ``evicted_keys`` left every local tier.
+  reported as stored there; ``evicted_keys`` left every local tier. With ``kv_events`` the
+  report also lists every tier's entries and exits in order (``tier_changes``), a save accepted
+  by the shared tier included, for the scheduler's KV events (``kv_events.py``).
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ class WorkerSide:
     def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
                  promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2,
-                 always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH) -> None:
+                 always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH,
+                 kv_events: bool = False) -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -116,7 +119,8 @@ class WorkerSide:
         self._missing: list[bytes] = []
         self.always_report = always_report       # TP > 1: every rank reports every step (see metadata)
         self._events_lock = threading.Lock()     # async-load errors
-        self.reports = TierReports(store.where)
+        self.reports = TierReports(store.where, track_changes=kv_events)
+        self._shared_writes = kv_events and bool(getattr(store, "has_remote", lambda: False)())
         self._unsubscribe: Callable[[], None] | None = None
         self._async: AsyncLoader | None = None
         self._async_errors: set[int] = set()
@@ -272,6 +276,8 @@ class WorkerSide:
                 ok = False
                 if self.metrics:
                     self.metrics.error("store_exception")
+            if ok and self._shared_writes:
+                self.reports.shared_stored([ch.key])    # queued for the shared tier by this replica
             n = self.chunk_nbytes if ok else 0
             done = SaveOutcome(int(ok), n, int(ok and ch.generated), n if ch.generated else 0, int(not ok))
             prev = self._saved.get(ch.req_id)
@@ -367,10 +373,12 @@ class WorkerSide:
 
     def take_worker_meta(self) -> KvtierWorkerMetadata | None:
         stored, evicted = self.reports.take()
-        if not (self._outcomes or stored or evicted or self._missing or self._saved or self.always_report):
+        changes = self.reports.take_changes() if self.reports.track_changes else []
+        if not (self._outcomes or stored or evicted or self._missing or self._saved or changes
+                or self.always_report):
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
-                                    list(stored.values()), evicted, self._saved)
+                                    list(stored.values()), evicted, self._saved, changes)
         self._outcomes, self._missing, self._saved = {}, [], {}
         return meta
 
