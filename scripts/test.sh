@@ -3,14 +3,14 @@
 # other. Both always run; the exit status is non-zero when either failed or collected nothing
 # (pytest's 5), and the summary line names which.
 #
-# Why not side by side: sessions 7-10 ran the unit suite beside the integration suite at `nice -n 19`
-# to fill the core a vLLM engine leaves idle (about 2.5 min saved). CFS gives a nice-19 process ~1.5%
-# of a core the integration suite wants, so any unit test that spends real CPU in a child process
-# (`kvtier doctor` imports torch and vLLM; the key-stability test starts interpreters) can be starved
-# past its 120 s wall-clock bound whenever both cores are busy. CI failed that way twice (session 9:
-# the drill audit test; session 10: `test_doctor_reports_incomplete_model_folder`, > 120 s for what
-# takes ~10 s alone). A per-test bound only means something when the test gets the CPU, so the suites
-# now take turns; the unit suite goes first because it fails fastest.
+# Why not side by side: running the unit suite at `nice -n 19` beside the integration suite, to fill
+# the core a vLLM engine leaves idle, saved about 2.5 min; but CFS gives a nice-19 process ~1.5% of a
+# core the integration suite wants, so any unit test that spends real CPU in a child process (`kvtier
+# doctor` imports torch and vLLM; the key-stability test starts interpreters) can be starved past its
+# 120 s wall-clock bound whenever both cores are busy. CI failed that way twice (the drill audit test;
+# `test_doctor_reports_incomplete_model_folder`, > 120 s for what takes ~10 s alone). A per-test bound
+# only means something when the test gets the CPU, so the suites take turns; the unit suite goes
+# first because it fails fastest.
 # Arguments go to both pytest runs (PYTEST_ARGS).
 set -uo pipefail
 cd "$(dirname "$0")/.."

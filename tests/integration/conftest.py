@@ -129,7 +129,7 @@ def wanted_jobs(session: pytest.Session) -> list[str]:
 
 @pytest.fixture
 def beside_lane(request, beside: Beside):
-    """Run this session's later tests' jobs beside the requesting test; wait for them at its end."""
+    """Run the later tests' jobs (of this pytest run) beside the requesting test; wait for them at its end."""
     beside.start(wanted_jobs(request.session))
     yield
     beside.drain(timeout=600)

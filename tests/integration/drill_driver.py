@@ -2,7 +2,8 @@
 per run, several scenarios per engine, float32 so outputs compare token for token.
 
     python tests/integration/drill_driver.py ROLE --model DIR --out OUT.json [--config JSON] [--log LOG]
-        [--kv-tokens N] [--block-size N] [--docs N]
+        [--kv-tokens N] [--block-size N] [--docs N] [--wait-for FILE] [--up FILE --peer-up FILE]
+    python tests/integration/drill_driver.py plan '[[ROLE, --model, ...], ...]'   (see ``main``)
 
 ROLE:
   reference  no kvtier, prefix caching off: greedy outputs of every prompt set (and the turns)
@@ -160,7 +161,7 @@ def preemptions(llm) -> int:
     return int(sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics() if m.name.startswith("vllm:num_preemptions")))
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["reference", "crash", "restart", "faults", "plain"])
     ap.add_argument("--model", required=True)
@@ -170,8 +171,23 @@ def main() -> int:
     ap.add_argument("--block-size", type=int, default=None)
     ap.add_argument("--kv-tokens", type=int, default=None, help="engine KV space in tokens (default 1 GiB)")
     ap.add_argument("--docs", type=int, default=None, help="plain: the first N prompts of docs")
-    args = ap.parse_args()
+    ap.add_argument("--stderr", help="this run's stderr (its engine processes' too): a plan's runs keep apart")
+    ap.add_argument("--wait-for", help="build the engine only once this file exists")
+    ap.add_argument("--up", help="once the engine is built, create this file ...")
+    ap.add_argument("--peer-up", help="... and serve only once this one (the peer engine's --up) exists")
+    return ap
 
+
+def _wait_file(path: str, timeout: float = 600.0) -> None:
+    deadline = time.time() + timeout
+    while not Path(path).exists():
+        if time.time() > deadline:
+            raise SystemExit(f"{path} did not appear within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def run(args: argparse.Namespace):
+    """One engine: build it, run the role's scenarios, write ``--out``; returns the (live) engine."""
     from kvtier.compute import kv_bytes_per_token
     from kvtier.runtime import apply_vllm_env
 
@@ -183,6 +199,8 @@ def main() -> int:
     from kvtier.engine import make_llm
     from kvtier.server import kv_transfer_config
 
+    if args.wait_for:
+        _wait_file(args.wait_for)
     log_path = Path(args.log) if args.log else None
     kvt = kv_transfer_config(json.loads(args.config)) if args.config else None
     extra: dict = {"block_size": args.block_size} if args.block_size else {}
@@ -193,6 +211,10 @@ def main() -> int:
     llm = make_llm(args.model, dtype="float32", max_model_len=MAX_MODEL_LEN, kv_transfer_config=kvt,
                    max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=args.role not in ("reference", "crash"),
                    seed=0, **extra)
+    if args.up:
+        Path(args.up).write_text(str(os.getpid()))
+    if args.peer_up:
+        _wait_file(args.peer_up)
     tok = llm.get_tokenizer()
     P = prompt_sets(tok)
     ph = Phases(llm, log_path)
@@ -237,6 +259,42 @@ def main() -> int:
         _wait_saved(disk)
     time.sleep(1.5)                                             # one more stats snapshot (1 s interval)
     Path(args.out).write_text(json.dumps({"phases": ph.result}))
+    return llm
+
+
+def _close(llm) -> None:
+    """Shut the engine down (its engine-core and worker processes exit) before the plan's next one."""
+    import gc
+
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def main() -> int:
+    """``ROLE ...``: one engine, in this process when ROLE is reference (no kvtier: vLLM's engine
+    core and worker halves in one process change nothing it computes), else in vLLM's own
+    processes. ``plan JSON``: a JSON list of such argument lists (no reference), one engine after
+    the other in this process (each still in its own fresh engine-core and worker processes; each
+    run's stderr in its ``--stderr``), so the driver's imports are paid once; ``<out>.done``
+    appears once a run's engine has shut down."""
+    if sys.argv[1:2] == ["plan"]:
+        runs = [_parser().parse_args(a) for a in json.loads(sys.argv[2])]
+        if any(a.role == "reference" for a in runs):
+            raise SystemExit("plan: the reference runs alone (in-process engine)")
+        for args in runs:
+            if args.stderr:
+                fd = os.open(args.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                sys.stderr.flush()
+                os.dup2(fd, 2)                  # the engine processes spawned from here inherit it
+                os.close(fd)
+            _close(run(args))
+            Path(args.out).with_suffix(".done").write_text("")
+        return 0
+    args = _parser().parse_args()
+    if args.role == "reference":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    run(args)
     return 0
 
 

@@ -16,7 +16,8 @@ generated ids (the test compares them with the writer's) and the request-log eve
 The engine runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0). With ``--wait-for FILE`` the
 engine starts, then serves only once FILE exists (the test starts the stalled engine beside the
 writer and releases it when the writer's chunks are on the shared directory); ``served_from`` in
-OUT is the time (``time.time()``) of its first request.
+OUT is the time (``time.time()``) of its first request. ``run`` is also what ``engine_plan.py``
+calls to run it after other engines in one process.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def prompts() -> dict[str, list[int]]:
             "Y": [rng.randrange(100, 40000) for _ in range(200)]}       # under one chunk
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["writer", "stalled"])
     ap.add_argument("--model", required=True)
@@ -50,8 +51,11 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--log", required=True)
     ap.add_argument("--wait-for", help="after start-up, serve only once this file exists (at most 300 s)")
-    args = ap.parse_args()
+    return ap
 
+
+def run(args: argparse.Namespace):
+    """One engine: the role's requests, OUT written; returns the (live) engine."""
     from vllm import SamplingParams, TokensPrompt
 
     from kvtier.engine import make_llm
@@ -91,6 +95,11 @@ def main() -> int:
     out["seconds"] = time.time() - t0
     out["prompt_lens"] = {k: len(v) for k, v in P.items()}
     Path(args.out).write_text(json.dumps(out))
+    return llm
+
+
+def main() -> int:
+    run(_parser().parse_args())
     return 0
 
 

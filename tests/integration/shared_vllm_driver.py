@@ -7,6 +7,7 @@ RAM and SSD tiers are its own and whose third tier is a shared backend (valkey /
 Serves ``PROMPTS`` (greedy, float32, chunked prefill), writes ``{"outputs": [...], "log": [...]}``
 to OUT and, with ``--hold``, stays alive until FILE exists (the test checks that the chunks reached
 the shared backend before this engine exits: its background writes must not be cut short).
+``run`` is also what ``engine_plan.py`` calls to run it after other engines in one process.
 With ``--wait-for``, the engine starts, then waits until FILE exists before it serves anything:
 the test starts machine B beside machine A (the two start-ups share the 2 cores) and releases it
 only once A's chunks are in the shared backend. ``engine_up``/``served_from`` in OUT are the times
@@ -40,7 +41,7 @@ def prompts(tok) -> list[list[int]]:
     return out
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
     ap.add_argument("--out", required=True)
@@ -49,8 +50,11 @@ def main() -> int:
     ap.add_argument("--shared", required=True, help="JSON of the store.shared section")
     ap.add_argument("--hold", help="stay alive until this file exists (at most 120 s)")
     ap.add_argument("--wait-for", help="after start-up, serve only once this file exists (at most 300 s)")
-    args = ap.parse_args()
+    return ap
 
+
+def run(args: argparse.Namespace):
+    """One engine: serve the prompts, write OUT, hold; returns the (live) engine."""
     from kvtier.runtime import apply_vllm_env
 
     apply_vllm_env(kv_cache_space_gib=1)
@@ -89,6 +93,11 @@ def main() -> int:
         end = time.time() + 120
         while not os.path.exists(args.hold) and time.time() < end:
             time.sleep(0.2)
+    return llm
+
+
+def main() -> int:
+    run(_parser().parse_args())
     return 0
 
 

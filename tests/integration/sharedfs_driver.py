@@ -9,7 +9,8 @@ and the shared tier through mount 2 serves the same prompts (hits from the share
 With ``--wait-for FILE`` the engine starts, then serves only once FILE exists (the test starts B
 beside A and releases it when mount 2 shows A's chunk files).
 Output: {"outputs": [[token ids]...], "log": [request-log events], "shared_files": n,
-"served_from": time.time() of the first request}. float32.
+"served_from": time.time() of the first request}. float32. ``run`` is also what
+``engine_plan.py`` calls to run it after other engines in one process.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def _wait_stable(shared: Path, want: int, timeout: float = 60.0) -> int:
     return n
 
 
-def main() -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["a", "b"])
     ap.add_argument("--model", required=True)
@@ -62,8 +63,11 @@ def main() -> int:
     ap.add_argument("--shared", required=True)
     ap.add_argument("--log", required=True)
     ap.add_argument("--wait-for", help="after start-up, serve only once this file exists (at most 300 s)")
-    args = ap.parse_args()
+    return ap
 
+
+def run(args: argparse.Namespace):
+    """One engine ("machine"): serve the prompts, write OUT; returns the (live) engine."""
     from kvtier.runtime import apply_vllm_env
 
     apply_vllm_env(kv_cache_space_gib=1)
@@ -100,6 +104,11 @@ def main() -> int:
     log = [json.loads(line) for line in open(args.log) if line.strip()] if Path(args.log).exists() else []
     Path(args.out).write_text(json.dumps({"outputs": outputs, "log": log, "shared_files": files,
                                           "prompt_lens": [len(p) for p in ps], "served_from": served_from}))
+    return llm
+
+
+def main() -> int:
+    run(_parser().parse_args())
     return 0
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.replay import ReplayOptions, replay_conversations
+from kvtier.client.replay import ReplayOptions, replay_conversations
 from kvtier.server import ServerSpec, VllmServer, launch_env
 from kvtier.workload.format import Conversation, Turn
 

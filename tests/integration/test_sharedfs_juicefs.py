@@ -1,6 +1,6 @@
 """The shared-filesystem tier on REAL JuiceFS mounted twice (two "machines", own cache dirs).
 
-Failures of issue #11 section 6, each: the tier keeps answering (correct bytes, a miss or
+The failure drills of the shared-fs tier, each: the tier keeps answering (correct bytes, a miss or
 UNAVAILABLE — never wrong bytes, never past the deadline), counts the event and logs it
 once per burst, and is used again once the fault is gone."""
 

@@ -197,7 +197,7 @@ def test_cache_salt_and_deployment_isolate_tenants_in_every_tier_and_backend(
         assert "refused the credentials" in log
         out["snapshots"] = snapshots = "".join(p.read_text() for p in (ssd / "_stats").glob("*.json"))
         assert "auth_failed" in snapshots
-        out["cli"] = cli = subprocess.run([sys.executable, "-m", "kvtier.cli", "stats", str(ssd), "--json"],
+        out["cli"] = cli = subprocess.run([sys.executable, "-m", "kvtier.cli", "stats", str(ssd), "--json", "-"],
                                           capture_output=True, text=True, timeout=60, cwd=ROOT)
         assert cli.returncode == 0 and "auth_failed" in cli.stdout, cli.stderr
 
