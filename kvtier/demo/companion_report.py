@@ -2,7 +2,9 @@
 
 ``append_figures_section``: the headline figures of one load point (speedups, hit rate vs the live
 or workload ideal, returning turns vs their bound). ``append_light_section``: the lighter load
-point's table, linking its own report in ``users<N>/``.
+point's table, linking its own report in ``users<N>/``. ``plot_regime``: the workload's miss-ratio curve
+with the three chosen capacities marked (``kvtier.demo.regime``); ``predicted_vs_measured``: per
+configuration the curve's predicted hit rate beside the measured one, for ``--json``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,60 @@ from typing import Any
 
 from kvtier.demo.common import fmt_pct, fmt_s, fmt_x, ratio
 
+LABELS = {"vanilla": "vanilla (engine KV)", "kvtier-ram": "kvtier RAM-only (engine + RAM)",
+          "kvtier-ram-ssd": "kvtier RAM+SSD (SSD)"}
+
+
+def plot_regime(regime: Any, path: Path) -> Path:
+    """PNG: token hit rate of one LRU tier vs its capacity (tokens, log scale), the ideal, and the three
+    chosen points (each at the capacity it is predicted as) with their predicted hit rates."""
+    from kvtier.bench.report import _finish, _plt
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.step(regime.capacities_tokens, regime.hit_rate, where="post", label="one LRU tier (exact stack distances)")
+    ax.axhline(regime.ideal_hit_rate, ls=":", color="gray", label=f"ideal {regime.ideal_hit_rate:.1%}")
+    points = (regime.engine, regime.ram, regime.ssd)
+    for (name, p), color in zip(zip(LABELS, points), ("tab:red", "tab:orange", "tab:green")):
+        ax.plot([p.lru_tokens], [p.predicted_hit_rate], "o", color=color, ms=8,
+                label=f"{LABELS[name]}: {p.lru_tokens:,} tokens, {p.predicted_hit_rate:.1%}")
+    ax.set_xscale("log")
+    ax.set_ylim(0, max(0.05, regime.ideal_hit_rate * 1.1))
+    return _finish(plt, fig, ax, path, xlabel="cache capacity (tokens)", ylabel="token hit rate",
+                   title=f"companion workload, {regime.users} users: hit rate vs capacity", minor_grid=True)
+
+
+def plot_regime_safely(regime: Any, out: Path, say: Any) -> str | None:
+    """``plot_regime`` into ``out/miss_ratio_curve.png``; its file name, or None (told to ``say``) when it
+    cannot be drawn: a plot must not fail the demo after its runs."""
+    try:
+        return plot_regime(regime, out / "miss_ratio_curve.png").name
+    except Exception as e:
+        say(f"no miss-ratio curve plot: {str(e).splitlines()[0] if str(e) else repr(e)}")
+        return None
+
+
+def predicted_vs_measured(regime: Any, compared: dict[str, Any]) -> dict[str, dict[str, float | None]]:
+    """Per configuration: the curve's predicted token hit rate and the measured one (its summary's)."""
+    return {name: {"predicted_hit_rate": regime.predicted.get(name),
+                   "measured_hit_rate": (compared.get(name) or {}).get("token_hit_rate")}
+            for name in regime.predicted}
+
+
+def regime_lines(regime: Any, plot: str | None) -> list[str]:
+    """Markdown: where the capacities sit on the curve (predicted hit rates) and the plot."""
+    lines = ["", f"## Capacities from the miss-ratio curve ({regime.users} users)", "",
+             f"- ideal hit rate {fmt_pct(regime.ideal_hit_rate)}; median reuse distance of a returning turn "
+             f"{regime.returning_distance_median_tokens or 0:,.0f} tokens",
+             f"- vanilla: engine KV {regime.engine.tokens:,} tokens, predicted hit {fmt_pct(regime.engine.predicted_hit_rate)}",
+             f"- RAM-only: RAM {regime.ram.tokens:,} tokens (with the engine {regime.ram.lru_tokens:,}), predicted "
+             f"{fmt_pct(regime.ram.predicted_hit_rate)} = {fmt_pct(regime.ram.share_of_ideal)} of the ideal",
+             f"- RAM+SSD: SSD {regime.ssd.tokens:,} tokens, predicted {fmt_pct(regime.ssd.predicted_hit_rate)}"]
+    lines += [f"- not the published regime: {p}" for p in regime.problems]
+    if plot:
+        lines += ["", f"![miss-ratio curve]({plot})"]
+    return lines + [""]
+
 
 def _append(report: Path, lines: list[str]) -> None:
     tmp = report.with_name(f".{report.name}.tmp")
@@ -19,9 +75,10 @@ def _append(report: Path, lines: list[str]) -> None:
     tmp.replace(report)
 
 
-def append_figures_section(report: Path, f: dict[str, Any]) -> None:
+def append_figures_section(report: Path, f: dict[str, Any], regime: Any = None, plot: str | None = None) -> None:
     """The headline figures under the report's tables: speedups, hit rate vs the (live) ideal,
-    returning turns vs their bound (``kvtier.demo.live.returning_turns``)."""
+    returning turns vs their bound (``kvtier.demo.live.returning_turns``), predicted vs measured hit
+    rates and, with ``regime``, where the capacities sit on the curve (``plot``: the PNG's relative path)."""
     rt = f["compared"]["kvtier-ram-ssd"].get("returning_turns") or {}
     lines = ["", f"## Headline figures ({f['history']} history, {f['users']} users)", "",
              f"- mean TTFT speedup vs vanilla: RAM+SSD {fmt_x(f['speedup_mean_ttft'])}, RAM-only "
@@ -32,6 +89,11 @@ def append_figures_section(report: Path, f: dict[str, Any]) -> None:
              f"- returning turns (RAM+SSD, {rt.get('requests', 0)} requests): mean TTFT {fmt_s(rt.get('ttft_mean_s'))} s "
              f"vs load of the cached prefix + cold prefill of the new tokens alone {fmt_s(rt.get('bound_mean_s'))} s "
              f"= {fmt_x(rt.get('ttft_over_bound'))}", ""]
+    for name, pm in (f.get("predicted_vs_measured") or {}).items():
+        lines.insert(-1, f"- {name}: token hit rate predicted by the curve {fmt_pct(pm['predicted_hit_rate'])}, "
+                         f"measured {fmt_pct(pm['measured_hit_rate'])}")
+    if regime is not None:
+        lines += regime_lines(regime, plot)
     _append(report, lines)
 
 

