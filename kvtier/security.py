@@ -100,5 +100,17 @@ def split_secrets(config: "BaseModel", prefix: str = "KVTIER_") -> tuple[dict, d
     return walk(config, []), env
 
 
+def drop_secret_fields(data: dict, secret_env: dict[str, str], prefix: str = "KVTIER_") -> None:
+    """Remove from the nested ``data`` (a config as plain dicts) every field that ``secret_env``
+    (``split_secrets``'s variables, e.g. ``KVTIER_STORE__SHARED__PASSWORD``) names; in place."""
+    for name in secret_env:
+        *parents, leaf = name[len(prefix):].lower().split("__")
+        node: object = data
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+
+
 def is_loopback(host: str) -> bool:
     return host in ("localhost", "::1") or host.startswith("127.")

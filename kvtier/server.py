@@ -146,17 +146,11 @@ def split_spec_secrets(kvtier_config: dict[str, Any]) -> tuple[dict[str, Any], d
     import copy
 
     from kvtier.config import KvtierConfig
-    from kvtier.security import split_secrets
+    from kvtier.security import drop_secret_fields, split_secrets
 
     _, env = split_secrets(KvtierConfig.model_validate(kvtier_config))
     public = copy.deepcopy(kvtier_config)
-    for name in env:
-        *parents, leaf = name[len("KVTIER_"):].lower().split("__")
-        node: Any = public
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+    drop_secret_fields(public, env)
     return public, env
 
 

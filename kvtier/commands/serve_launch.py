@@ -91,17 +91,11 @@ def pop_flag(args: Sequence[str], flag: str) -> tuple[str | None, list[str]]:
 def public_config(cfg: Any) -> tuple[dict[str, Any], dict[str, str]]:
     """The fields ``cfg`` was given (file, env, command line) without its secrets, and the secrets as
     the ``KVTIER_*`` variables the config loader reads back (``kvtier.security.split_secrets``)."""
-    from kvtier.security import split_secrets
+    from kvtier.security import drop_secret_fields, split_secrets
 
     _, secret_env = split_secrets(cfg)
     data = cfg.model_dump(mode="json", exclude_unset=True)
-    for name in secret_env:
-        *parents, leaf = name[len(ENV_PREFIX):].lower().split("__")
-        node: Any = data
-        for part in parents:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            node.pop(leaf, None)
+    drop_secret_fields(data, secret_env, ENV_PREFIX)
     return data, secret_env
 
 
