@@ -14,6 +14,7 @@ import typer
 
 from kvtier.commands.aliases import BASE_URL, LOAD, aliased
 from kvtier.commands.json_out import is_stdout, json_option, write_json_out
+from kvtier.commands.sim_cluster_cmd import replicas_option, routing_option
 from kvtier.units import nbytes as fmt_bytes, percent, ratio, seconds
 
 MODES = ("closed", "open", "trace")
@@ -142,6 +143,8 @@ def simulate(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write summary.json, requests.jsonl, plots here."),
     json_path: Optional[Path] = json_option("the summary"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Progress bar on long runs."),
+    replicas: Optional[int] = replicas_option(),
+    routing: Optional[str] = routing_option(),
 ) -> None:
     """Replay a workload through a model of vLLM + kvtier: TTFT and hit rate, no model run."""
     from kvtier.sim.load import LoadSpec
@@ -156,11 +159,16 @@ def simulate(
                         think_time_scale=think_time_scale, time_scale=time_scale, seed=seed,
                         max_requests=max_requests, duration_s=duration, max_tokens=max_output_tokens)
         load.validate()
+        from kvtier.commands.sim_cluster_cmd import check_cluster_options, simulate_cluster_command
+        routing = check_cluster_options(replicas, routing)
         prof = build_profile(profile, memory_capacity=memory_capacity, disk_capacity=disk_capacity,
                              shared_capacity=shared_capacity, kv_cache_tokens=kv_cache_tokens,
                              chunk_size=chunk_size, eviction=eviction, kv_bytes_per_token=kv_bytes_per_token,
                              vanilla=vanilla)
         trace = load_sim_trace(workload, prof, tokenizer, mooncake_block, mooncake_scale, max_requests)
+        if replicas is not None:
+            simulate_cluster_command(trace, prof, load, replicas, routing, out, json_path)
+            return
         bar, cb = _progress(trace.num_requests, progress and not is_stdout(json_path))   # (stdout is the JSON)
         if bar is not None:
             with bar:
@@ -208,6 +216,14 @@ def plan(
     mooncake_scale: int = typer.Option(1, "--mooncake-scale", help=MOONCAKE_SCALE_HELP),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write plan.json and mrc.png here."),
     json_path: Optional[Path] = json_option("the plan"),
+    replicas: Optional[int] = typer.Option(None, "--replicas", help="Size the shared tier of a cluster of this "
+                                           "many replicas (one load, --routing; the profile's RAM / SSD per "
+                                           "replica, or --memory-capacity / --disk-capacity)."),
+    routing: Optional[str] = routing_option(),
+    memory_capacity: Optional[str] = typer.Option(None, "--memory-capacity", help="With --replicas: kvtier RAM "
+                                                  "tier per replica (default: the profile's)."),
+    disk_capacity: Optional[str] = typer.Option(None, "--disk-capacity", help="With --replicas: kvtier SSD tier "
+                                                "per replica (default: the profile's)."),
 ) -> None:
     """How much RAM / SSD / shared storage, and what it buys: miss-ratio curve + simulated TTFT."""
     from kvtier.sim.load import LoadSpec
@@ -227,10 +243,22 @@ def plan(
                         think_time_scale=think_time_scale, time_scale=time_scale, max_tokens=max_output_tokens,
                         max_requests=max_requests)
         load.validate()
-        prof = build_profile(profile, memory_capacity=None, disk_capacity=None, shared_capacity=None,
-                             kv_cache_tokens=kv_cache_tokens,
+        from kvtier.commands.sim_cluster_cmd import check_cluster_options, plan_cluster_command
+        routing = check_cluster_options(replicas, routing)
+        if replicas is None and (memory_capacity is not None or disk_capacity is not None):
+            raise ValueError("--memory-capacity and --disk-capacity apply with --replicas (the single-machine "
+                             "plan sizes RAM and SSD itself)")
+        if replicas is not None and target_ttft is not None:
+            raise ValueError("--target-ttft is not supported with --replicas (the cluster plan meets --target)")
+        if replicas is not None and shared_tier:
+            raise ValueError("--shared-tier is implied by --replicas (the cluster's shared tier is sized)")
+        prof = build_profile(profile, memory_capacity=memory_capacity, disk_capacity=disk_capacity,
+                             shared_capacity=None, kv_cache_tokens=kv_cache_tokens,
                              chunk_size=chunk_size, eviction=None, kv_bytes_per_token=None, vanilla=False)
         trace = load_sim_trace(workload, prof, tokenizer, mooncake_block, mooncake_scale, max_requests)
+        if replicas is not None:
+            plan_cluster_command(trace, prof, load, replicas, routing, target, sample_rate, out, json_path)
+            return
         p = make_plan(trace, prof, load, target=target, target_ttft_s=target_ttft,
                       prices=Prices(memory_price, disk_price, shared_price), sample_rate=sample_rate,
                       with_shared=shared_tier)

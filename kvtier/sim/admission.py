@@ -50,6 +50,7 @@ class Admission:
     _hoff: list[int]          # trace.hoffsets as Python ints (no numpy scalar per admission)
     _preemption: bool
     _partial_loads: bool      # the store may fail a claimed chunk (kvtier.sim.ram_view)
+    chunks_read: list[int] | None   # chunks loaded per store tier, when counted (a cluster's replicas)
 
     def _admit(self, q: SimRequest, tiers: dict[str, list[int]], load_arr: list[float], tier_keys: list[str]) -> float | None:
         """Look the prompt up, allocate KV blocks; the synchronous kvtier load time, or None
@@ -98,6 +99,10 @@ class Admission:
                     hit_n = ext_units if ext_units > gpu_hit else gpu_hit
             else:
                 load_t = store.read(ks, ws)
+            reads = self.chunks_read
+            if reads is not None:
+                for w in ws:
+                    reads[w] += 1
             if first:
                 if cu == 1:                     # one unit per chunk: every claimed chunk is whole
                     per = [0] * len(tier_keys)

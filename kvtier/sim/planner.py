@@ -9,6 +9,14 @@ meeting a hit-rate or TTFT target.
 3. Candidates (RAM, SSD, shared sizes from a grid around the knee) are priced with per-GiB
    costs; each is simulated end to end (``run.simulate``) for TTFT, cheapest first, until
    one meets the targets. Side-effect free (the caller writes outputs).
+
+A cluster (``make_cluster_plan``, ``kvtier plan --replicas N``): every replica writes through
+to the one shared tier, so the shared tier sees the whole cluster's accesses and needs what the
+curve of the whole trace says; the knee is the first candidate, then 1.5x, 2x, 4x of it, each
+simulated as the cluster (``kvtier.sim.cluster.run_cluster``, the profile's RAM / SSD per
+replica) until the cluster's hit rate reaches ``target`` x ideal. Reported with it: the read
+bandwidth the shared tier must sustain, mean over the run and the busiest window's, in total
+and per replica, and the same cluster without a shared tier.
 """
 
 from __future__ import annotations
@@ -123,6 +131,89 @@ def make_plan(trace: SimTrace, profile: SimProfile, load: LoadSpec, *, target: f
         ok_hit = (c.token_hit_rate or 0) >= want_hit - 1e-9 if target_ttft_s is None else True
         ok_ttft = target_ttft_s is None or (c.ttft_mean_s is not None and c.ttft_mean_s <= target_ttft_s)
         c.meets = bool(ok_hit and ok_ttft)
+        plan.candidates.append(c)
+        if c.meets:
+            plan.best = c
+            break
+    return plan
+
+
+@dataclass
+class ClusterCandidate:
+    shared_bytes: int
+    predicted_hit_rate: float            # from the curve
+    token_hit_rate: float | None
+    ttft_mean_s: float | None
+    ttft_p90_s: float | None
+    shared_read_bw: float                # bytes/s, mean over the run, whole cluster
+    shared_read_bw_peak: float           # bytes/s, busiest window (``BW_WINDOWS`` per run)
+    meets: bool
+
+
+@dataclass
+class ClusterPlan:
+    replicas: int
+    routing: str
+    chunk_bytes: int
+    ideal_hit_rate: float
+    target_fraction: float
+    knee_bytes: int | None
+    local_only: dict[str, Any]
+    candidates: list[ClusterCandidate] = field(default_factory=list)
+    best: ClusterCandidate | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for c in d["candidates"] + ([d["best"]] if d["best"] else []):
+            c["shared_read_bw_per_replica"] = c["shared_read_bw"] / self.replicas
+            c["shared_read_bw_peak_per_replica"] = c["shared_read_bw_peak"] / self.replicas
+        return d
+
+
+BW_WINDOWS = 100          # the run cut in this many windows (at least 1 s each) for the busiest one
+
+
+def peak_shared_bw(res, kv_bytes_per_token: int, duration_s: float) -> float:
+    """Bytes/s of shared-tier reads in the busiest window: each request's shared-tier tokens
+    counted at its first token (the load ends before it)."""
+    ok = res.ok
+    if not ok.any() or duration_s <= 0:
+        return 0.0
+    w = max(1.0, duration_s / BW_WINDOWS)
+    t = (res.send_s[ok] + res.ttft_s[ok]) // w
+    b = res.tier_tokens["shared"][ok] * kv_bytes_per_token
+    _, inv = np.unique(t, return_inverse=True)
+    return float(np.bincount(inv, weights=b).max() / w)
+
+
+def make_cluster_plan(trace: SimTrace, profile: SimProfile, load: LoadSpec, *, replicas: int,
+                      routing: str = "roundrobin", target: float = 0.9,
+                      sample_rate: float | None = None) -> ClusterPlan:
+    from kvtier.sim.cluster import run_cluster
+    chunk_tokens = max(1, profile.chunk_size // trace.unit_tokens) * trace.unit_tokens
+    chunk_bytes = chunk_tokens * profile.kv_bytes_per_token
+    stream = access_stream(trace, profile.chunk_size)
+    rate = sample_rate if sample_rate is not None else auto_sample_rate(len(stream.keys))
+    mrc = miss_ratio_curve(stream, chunk_bytes, rate)
+    knee = mrc.smallest_reaching(target)
+    local = profile.model_copy(deep=True)
+    local.shared.capacity = 0
+    lo = run_cluster(trace, local, load, replicas, routing)
+    plan = ClusterPlan(replicas, routing, chunk_bytes, mrc.ideal_hit_rate, target,
+                       None if knee is None else knee * chunk_bytes,
+                       {"token_hit_rate": lo.token_hit_rate, "ttft_mean_s": lo.ttft_mean_s,
+                        "ttft_p90_s": lo.ttft_p90_s})
+    if knee is None:
+        return plan
+    want = target * mrc.ideal_hit_rate
+    for f in (1.0, 1.5, 2.0, 4.0):
+        cap = int(max(1, knee) * chunk_bytes * f)
+        p = profile.model_copy(deep=True)
+        p.shared.capacity = cap
+        r = run_cluster(trace, p, load, replicas, routing)
+        c = ClusterCandidate(cap, mrc.at(cap / chunk_bytes), r.token_hit_rate, r.ttft_mean_s, r.ttft_p90_s,
+                             r.shared_read_bw, peak_shared_bw(r.result, profile.kv_bytes_per_token, r.duration_s),
+                             (r.token_hit_rate or 0.0) >= want - 1e-9)
         plan.candidates.append(c)
         if c.meets:
             plan.best = c

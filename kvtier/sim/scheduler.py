@@ -37,7 +37,8 @@ import numpy as np
 
 from kvtier.sim.admission import Admission, SimRequest as _Req
 from kvtier.sim.costs import StepCost
-from kvtier.sim.load import LoadSpec, conversation_starts
+from kvtier.sim.issue import INF, Feed, LoadIssuer
+from kvtier.sim.load import LoadSpec
 from kvtier.sim.nogc import gc_paused
 from kvtier.sim.prefix_cache import PrefixCacheModel
 from kvtier.sim.profile import SimProfile
@@ -48,11 +49,22 @@ from kvtier.sim.trace import SimTrace
 
 
 class EngineSim(Admission):
-    """One simulated engine + store over a trace. ``run()`` is the whole simulation."""
+    """One simulated engine + store over a trace. ``run()`` is the whole simulation.
 
-    def __init__(self, trace: SimTrace, profile: SimProfile, load: LoadSpec) -> None:
+    With a ``feed`` the engine's own load is off (``load`` gives only ``max_tokens``): requests
+    arrive by ``admit``, each finish or failure is reported to ``feed.done``, and ``steps()``
+    also yields at the end of every mixed step (its effects: cached blocks, saves, TTFTs, happen
+    then), before every pure-decode run (the run's end: an ``admit`` earlier than that, while
+    ``truncatable``, cuts the run at the first step boundary after the arrival) and, idle, inf
+    (until an ``admit``; resumed without one, the generator ends). Without a feed the yields
+    and results are those of the engine alone."""
+
+    def __init__(self, trace: SimTrace, profile: SimProfile, load: LoadSpec, feed: Feed | None = None) -> None:
         load.validate()
-        self.trace, self.profile, self.load = trace, profile, load
+        self.trace, self.profile, self.load, self.feed = trace, profile, load, feed
+        self.truncatable = False
+        self.chunks_read: list[int] | None = None     # with a feed: chunks loaded per store tier
+        self._arrivals: list[tuple[float, int, int]] = []
         e = profile.engine
         self.U = trace.unit_tokens
         self.cost = StepCost.of(e)
@@ -69,6 +81,11 @@ class EngineSim(Admission):
                 and self.store.tiers[0].name == "ram"):
             self.store = StoredKeysStore.over(self.store)
         self._partial_loads = isinstance(self.store, StoredKeysStore)   # a claimed chunk may fail to load
+
+    def admit(self, r: int, t: float, seq: int) -> None:
+        """Request ``r`` arrives at ``t`` (``seq``: the sender's unique issue order); with a feed,
+        while ``steps()`` runs."""
+        heapq.heappush(self._arrivals, (t, seq, r))
 
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         """The whole simulation (the cyclic GC paused meanwhile: ``kvtier.sim.nogc``)."""
@@ -97,47 +114,18 @@ class EngineSim(Admission):
         failed = 0
         out_tokens = tr.max_tokens if ld.max_tokens is None else np.minimum(tr.max_tokens, ld.max_tokens)
         out_l, prompt_l = out_tokens.tolist(), tr.prompt_tokens.tolist()
-        hint_l, think_l, coff = tr.arrival_hint_s.tolist(), tr.think_s.tolist(), tr.conv_offsets.tolist()
-        trace_mode, time_scale, think_scale = ld.mode == "trace", ld.time_scale, ld.think_time_scale
         tier_keys = [t.name for t in self.store.tiers] if self.store else []
 
         arrivals: list[tuple[float, int, int]] = []    # (time, seq, request index)
-        seq = 0
-        issued = 0
-        limit_t = ld.duration_s if ld.duration_s is not None else float("inf")
-        limit_n = ld.max_requests if ld.max_requests is not None else n
-        conv_of = np.repeat(np.arange(tr.num_conversations), np.diff(tr.conv_offsets)).tolist()
-        next_conv = 0
-
-        def issue(r: int, t: float) -> None:
-            nonlocal seq, issued
-            if issued >= limit_n or t > limit_t:
-                return
-            hint = hint_l[r]
-            if trace_mode and hint == hint:                 # (NaN: no hint)
-                t = max(t, hint * time_scale)
-                if t > limit_t:
-                    return
-            issued += 1
-            seq += 1
-            heapq.heappush(arrivals, (t, seq, r))
-
-        def start_next_conversation(t: float) -> None:
-            nonlocal next_conv
-            while next_conv < tr.num_conversations:
-                c = next_conv
-                next_conv += 1
-                if coff[c + 1] > coff[c]:
-                    issue(coff[c], t)
-                    return
-
-        if ld.mode == "closed":
-            for _ in range(ld.concurrency):
-                start_next_conversation(0.0)
+        feed = self.feed
+        self._arrivals = arrivals                          # admit() pushes here (fed by a cluster)
+        if feed is None:
+            issuer = LoadIssuer(tr, ld, arrivals)
+            issuer.start()
+            after_request = issuer.after_request
         else:
-            for t0, c in conversation_starts(ld, tr.conv_arrival_s.tolist()):
-                if coff[c + 1] > coff[c]:
-                    issue(coff[c], t0)
+            after_request = feed.done
+        self.chunks_read = [0] * len(tier_keys) if feed is not None else None   # per tier (admission)
         # The initial arrivals are usually already in (time, seq) order (a trace's starts): they
         # wait in a deque, later ones in the heap, and the next arrival is the smaller head of
         # the two (the same order as one heap: (time, seq) is unique).
@@ -177,13 +165,6 @@ class EngineSim(Admission):
             self.cache.release(q.cached, q.private)
             running.pop(r, None)
             after_request(r, t)
-
-        def after_request(r: int, t: float) -> None:
-            c = conv_of[r]
-            if r + 1 < coff[c + 1]:
-                issue(r + 1, t + think_l[r + 1] * think_scale)
-            elif ld.mode == "closed":
-                start_next_conversation(t)
 
         def pop_finished() -> None:
             nonlocal ctx_base, n_dec, done_count, blocked
@@ -267,6 +248,7 @@ class EngineSim(Admission):
                     heapq.heappush(grow_heap, (gs, q.r, q.epoch, q))
 
         while True:
+            self.truncatable = False
             yield now
             while True:
                 if pre and (not arrivals or pre[0] < arrivals[0]):
@@ -284,7 +266,12 @@ class EngineSim(Admission):
             D = n_dec
             if not prefilling and not D and not waiting:
                 if not arrivals and not pre:
-                    break
+                    if feed is None:
+                        break
+                    self.truncatable = True
+                    yield INF                            # idle: until admit(), or the end
+                    if not arrivals:
+                        break
                 now = next_arrival_s()
                 continue
             if not prefilling and D and (not waiting or blocked or D >= max_seqs):
@@ -293,6 +280,13 @@ class EngineSim(Admission):
                 ctx = ctx_base + D * G
                 if arrivals or pre:
                     k = min(k, cost.decode_steps_until(next_arrival_s() - now, D, ctx))
+                if feed is not None:                     # until then, an admit() cuts the run short
+                    end = now + cost.decode_run(k, D, ctx)
+                    self.truncatable = True
+                    yield end
+                    self.truncatable = False
+                    if arrivals and arrivals[0][0] < end:
+                        k = min(k, cost.decode_steps_until(arrivals[0][0] - now, D, ctx))
                 if grow_heap and grow_heap[0][0] <= G + k and grow_until(G + k) is not None:
                     k = grow_heap[0][0] - 1 - G                 # run up to the step that cannot get its block
                     if k < 1:
@@ -350,7 +344,10 @@ class EngineSim(Admission):
             if P == 0 and D == 0 and not prefilling:
                 if blocked:
                     blocked = False             # nothing running and still blocked: retry next round
-                    if arrivals or pre:
+                    if feed is not None:
+                        nxt = min(arrivals[0][0] if arrivals else INF, feed.next_send_s())
+                        now = max(now, nxt) if nxt < INF else now
+                    elif arrivals or pre:
                         now = max(now, next_arrival_s())
                     continue
                 if not admit:                   # everything was preempted: admit next round
@@ -359,6 +356,8 @@ class EngineSim(Admission):
             now += cost.step(P, pairs, D, ctx_base + D * G) + load_t
             G += 1
             steps += 1
+            if feed is not None:
+                yield now                                # the step's effects at its end
             still = []
             for q in prefilling:
                 if q.remaining > 0:
