@@ -2,12 +2,17 @@
 
 For each results folder (a `kvtier demo` --out, or its users<N>/ lighter point), regenerates the run's
 workload from its recorded size, takes the run's own calibration (the folder's calibration.json, or its
-parent's), and prints per configuration: measured replay seconds, the current model's estimate
-(``kvtier.demo.sizing.estimate``), and measured / estimate. Nothing is started; CPU only.
+parent's), and prints per configuration the measured replay seconds and mean TTFT beside:
+
+* ``estimate``: what the current model says before the run (``kvtier.demo.sizing.estimate`` with the
+  regime ``kvtier.demo.regime.regime_for`` chooses now: predicted hit rates, its engine KV space);
+* ``at measured hits``: the closed loop (``kvtier.demo.closed_loop``) at the hit rate the
+  configuration measured and the engine KV space it ran with (``budgets.engine_kv_tokens``), with and
+  without the KV-space limit: the time model alone, apart from the hit-rate prediction.
+
+Nothing is started; CPU only.
 
     .venv/bin/python benchmarks/demo_estimate/reestimate.py --model MODEL_DIR RESULTS_DIR [RESULTS_DIR ...]
-
-To compare with an earlier model, run it from a checkout of that commit (e.g. 7948aaa, the model before the decode term was fixed, vs f4ac6b5).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ def main() -> int:
 
     from kvtier.demo import companion
     from kvtier.demo.calibrate import load_calibration
-    from kvtier.demo.sizing import estimate
+    from kvtier.demo.regime import regime_for
+    from kvtier.demo.sizing import SLACK, LoopModel, estimate
     from kvtier.workload.tokens import load_tokenizer
 
     tok = load_tokenizer(args.model)
@@ -38,15 +44,29 @@ def main() -> int:
             return 2
         prof = load_calibration(cal_path, demo.get("dtype")).profile
         size = companion.CompanionDemoSize(**demo["size"])
+        history = demo.get("history", "live")
         facts = companion.generate(size, tok)[3]
-        per_config = estimate(prof, 0.0, size, facts, demo.get("history", "live"))[1]
+        per_config = estimate(prof, 0.0, size, facts, history, regime_for(size, facts, prof, history))[1]
+        kv = (demo.get("budgets") or {}).get("engine_kv_tokens")
+        out = None if history == "live" else size.max_tokens
         compare = json.loads((run / "compare.json").read_text())
-        measured = {c["name"]: c["summary"]["duration_s"] for c in compare["configs"] if c.get("summary")}
+        summaries = {c["name"]: c["summary"] for c in compare["configs"] if c.get("summary")}
         for name, est in per_config.items():
-            m = measured.get(name)
-            ratio = f"{m / est:.2f}" if m and est else "-"
-            print(f"{run.name:48s} {name:15s} users {size.concurrency:2d}  measured {m or 0:6.0f} s  "
-                  f"estimate {est:6.0f} s  measured/estimate {ratio}")
+            s = summaries.get(name) or {}
+            m, hit = s.get("duration_s"), s.get("token_hit_rate")
+            line = (f"{run.name:24s} {name:15s} users {size.concurrency:2d}  measured {m or 0:6.0f} s"
+                    f"  estimate {est:6.0f} s  measured/estimate {m / est if m and est else float('nan'):.2f}")
+            if hit is not None:
+                lim = LoopModel(prof, facts, size.concurrency, size.think_time_scale, kv, facts.ideal_hit_rate, out)
+                free = LoopModel(prof, facts, size.concurrency, size.think_time_scale, None, facts.ideal_hit_rate, out)
+                a, b = lim.run(hit), free.run(hit)
+                line += (f"  | at measured hits: {SLACK * a.makespan_s:5.0f} s (no KV limit {SLACK * b.makespan_s:5.0f} s),"
+                         f" TTFT {a.mean_ttft() or 0:5.2f} s (no limit {b.mean_ttft() or 0:5.2f}) vs measured "
+                         f"{s.get('ttft_mean_s') or 0:5.2f} s")
+            print(line)
+        parts = demo.get("calibration") or {}
+        print(f"{run.name:24s} parts: calibration {parts.get('profile', {}).get('elapsed_s', 0):.0f} s, server start "
+              f"{parts.get('startup_s', 0):.0f} s x 4; estimate recorded {demo['sizing']['estimate_s']:.0f} s")
     return 0
 
 

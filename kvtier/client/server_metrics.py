@@ -2,8 +2,9 @@
 
 A ``MetricsSnapshot`` maps sample name -> value (vLLM samples summed over label sets, so
 multi-engine or per-model labels collapse; ``kvtier_*`` samples keep their labels). ``server_delta`` turns two snapshots into the server's own
-view of the run: prefix-cache token hit rate, mean TTFT from vLLM's histogram, and the
-change of every ``kvtier_*`` sample.
+view of the run: prefix-cache token hit rate, mean TTFT from vLLM's histogram, where a request's
+time went (``phases``: queue / prefill / decode / TTFT / e2e, count, total and mean seconds from
+vLLM's histograms' ``_sum`` and ``_count``), and the change of every ``kvtier_*`` sample.
 """
 
 from __future__ import annotations
@@ -19,8 +20,14 @@ PREFIX_QUERIES = "vllm:prefix_cache_queries"
 EXTERNAL_HITS = "vllm:external_prefix_cache_hits"
 EXTERNAL_QUERIES = "vllm:external_prefix_cache_queries"
 TTFT_HIST = "vllm:time_to_first_token_seconds"
-_TRACKED_PREFIXES = ("vllm:prefix_cache", "vllm:external_prefix_cache", TTFT_HIST, "vllm:prompt_tokens",
-                     "vllm:request_success", "vllm:num_preemptions", "kvtier_")
+#: vLLM's per-request phase histograms (``vllm/v1/metrics/loggers.py``): time waiting in the engine's
+#: queue, prefilling (scheduled -> first token), decoding (first -> last token), TTFT as the API
+#: server sees it, and end to end
+PHASE_HISTS = {"queue": "vllm:request_queue_time_seconds", "prefill": "vllm:request_prefill_time_seconds",
+               "decode": "vllm:request_decode_time_seconds", "ttft": TTFT_HIST,
+               "e2e": "vllm:e2e_request_latency_seconds"}
+_TRACKED_PREFIXES = ("vllm:prefix_cache", "vllm:external_prefix_cache", "vllm:prompt_tokens",
+                     "vllm:request_success", "vllm:num_preemptions", *PHASE_HISTS.values(), "kvtier_")
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,17 @@ def _delta(before: MetricsSnapshot, after: MetricsSnapshot, name: str) -> float 
     return a - (b or 0.0)
 
 
+def phase_times(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, dict[str, float | None]]:
+    """Per phase of ``PHASE_HISTS``: requests observed, total and mean seconds over the run (None
+    where the server does not export the histogram or observed nothing). Side-effect free."""
+    out: dict[str, dict[str, float | None]] = {}
+    for phase, name in PHASE_HISTS.items():
+        total, count = _delta(before, after, name + "_sum"), _delta(before, after, name + "_count")
+        out[phase] = {"count": count, "sum_s": total,
+                      "mean_s": total / count if total is not None and count else None}
+    return out
+
+
 def server_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, Any]:
     """Server-side view of one run (keys are None when the server does not export them)."""
     hits, queries = _delta(before, after, PREFIX_HITS), _delta(before, after, PREFIX_QUERIES)
@@ -102,6 +120,7 @@ def server_delta(before: MetricsSnapshot, after: MetricsSnapshot) -> dict[str, A
         "external_prefix_cache_hit_rate": ext_hits / ext_queries if ext_hits is not None and ext_queries else None,
         "ttft_count": ttft_count,
         "ttft_mean_s": ttft_sum / ttft_count if ttft_sum is not None and ttft_count else None,
+        "phases": phase_times(before, after),
         # only from kvtier's own endpoints (empty when none was scraped: never API-server zeros)
         "kvtier": {k: after.samples[k] - before.samples.get(k, 0.0)
                    for k in sorted(after.samples) if k.startswith("kvtier_")},

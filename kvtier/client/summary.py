@@ -125,3 +125,28 @@ def summarize(records: Sequence[RequestRecord], *, duration_s: float, windows: i
     if extra:
         out.update(extra)
     return out
+
+
+def turn_speedups(baseline: dict[str, Any] | None, summary: dict[str, Any] | None) -> dict[str, float | None]:
+    """Mean-TTFT ratio baseline / ``summary`` on all turns, on first turns and on the returning turns
+    alone (``later_turns``: turn > 0, where a prefix cache can act). None where either side has no
+    such request. Pure."""
+    def ratio(b: Any, s: Any) -> float | None:
+        return b / s if isinstance(b, (int, float)) and isinstance(s, (int, float)) and s > 0 else None
+
+    b, s = baseline or {}, summary or {}
+    return {"all_turns": ratio(b.get("ttft_mean_s"), s.get("ttft_mean_s")),
+            "first_turns": ratio((b.get("first_turn") or {}).get("ttft_mean_s"), (s.get("first_turn") or {}).get("ttft_mean_s")),
+            "returning_turns": ratio((b.get("later_turns") or {}).get("ttft_mean_s"),
+                                     (s.get("later_turns") or {}).get("ttft_mean_s"))}
+
+
+def phase_means(summary: dict[str, Any] | None) -> dict[str, float | None]:
+    """Mean seconds a request spent queueing, prefilling and decoding, and its TTFT, by the server's own
+    histograms (``summary["server"]["phases"]``, ``kvtier.client.server_metrics.phase_times``); None
+    where not exported. ``queue_share_of_ttft``: queue / TTFT. Pure."""
+    phases = ((summary or {}).get("server") or {}).get("phases") or {}
+    out = {f"{p}_mean_s": (phases.get(p) or {}).get("mean_s") for p in ("queue", "prefill", "decode", "ttft")}
+    q, t = out["queue_mean_s"], out["ttft_mean_s"]
+    out["queue_share_of_ttft"] = q / t if q is not None and t else None
+    return out

@@ -108,19 +108,31 @@ def ratio(base: float | None, new: float | None) -> float | None:
     return base / new
 
 
-def comparison_table(title: str, rows: list[dict[str, Any]], baseline: dict[str, Any] | None) -> Table:
-    """One row per configuration: TTFT mean/p50/p90/p99, speedup vs baseline, hit rates."""
+def comparison_table(title: str, rows: list[dict[str, Any]], baseline: dict[str, Any] | None,
+                     breakdown: bool = False) -> Table:
+    """One row per configuration: TTFT mean/p50/p90/p99, speedup vs baseline, hit rates. ``breakdown``:
+    also the speedup on the returning turns alone (turn > 0) and the mean seconds a request spent
+    queueing, prefilling and decoding by the server's own histograms (``kvtier.client.summary``)."""
+    from kvtier.client.summary import phase_means, turn_speedups
+
     t = Table(title=title)
-    for col in ("configuration", "ok/failed", "TTFT mean s", "p50", "p90", "p99",
-                "speedup", "hit rate", "hit rate 2nd half"):
+    cols = ["configuration", "ok/failed", "TTFT mean s", "p50", "p90", "p99", "speedup", "hit rate", "hit rate 2nd half"]
+    if breakdown:
+        cols += ["speedup returning", "queue s", "prefill s", "decode s"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "configuration" else "right")
     for r in rows:
         s = r.get("summary") or {}
         sp = ratio((baseline or {}).get("ttft_mean_s"), s.get("ttft_mean_s")) if baseline else None
-        t.add_row(r["name"], f"{s.get('requests_ok', 0)}/{s.get('requests_failed', 0)}" if s else "failed",
-                  fmt_s(s.get("ttft_mean_s")), fmt_s(s.get("ttft_p50_s")), fmt_s(s.get("ttft_p90_s")),
-                  fmt_s(s.get("ttft_p99_s")), fmt_x(sp), fmt_pct(s.get("token_hit_rate")),
-                  fmt_pct(s.get("token_hit_rate_last_half")))
+        cells = [r["name"], f"{s.get('requests_ok', 0)}/{s.get('requests_failed', 0)}" if s else "failed",
+                 fmt_s(s.get("ttft_mean_s")), fmt_s(s.get("ttft_p50_s")), fmt_s(s.get("ttft_p90_s")),
+                 fmt_s(s.get("ttft_p99_s")), fmt_x(sp), fmt_pct(s.get("token_hit_rate")),
+                 fmt_pct(s.get("token_hit_rate_last_half"))]
+        if breakdown:
+            ph = phase_means(s)
+            cells += [fmt_x(turn_speedups(baseline, s)["returning_turns"] if baseline else None),
+                      fmt_s(ph["queue_mean_s"]), fmt_s(ph["prefill_mean_s"]), fmt_s(ph["decode_mean_s"])]
+        t.add_row(*cells)
     return t
 
 

@@ -40,6 +40,7 @@ from typing import Any
 from rich.markup import escape
 
 from kvtier import units
+from kvtier.client.summary import phase_means, turn_speedups
 from kvtier.demo.calibrate import Calibration, obtain_calibration
 from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, ModelFacts, check_free_disk, comparison_table,
                                 console, ratio, red, write_json)
@@ -266,7 +267,7 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     by_name = {r["name"]: r for r in rows}
     title = (f"TTFT: vanilla vLLM vs kvtier, {size.concurrency} users, {opts.history} history"
              + ("" if same.complete else f" (PARTIAL: {same.common} common requests)"))
-    console.print(comparison_table(title, rows, by_name["vanilla"].get("summary")))
+    console.print(comparison_table(title, rows, by_name["vanilla"].get("summary"), breakdown=True))
     problems = _problems(rows, same)
     van = (by_name["vanilla"].get("summary") or {})
     ssd_s = (by_name["kvtier-ram-ssd"].get("summary") or {})
@@ -283,10 +284,13 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
                                  **work_figures(r["summary"]),
                                  "ideal": ideals[r["name"]].to_dict() if r["name"] in ideals else None,
                                  "returning_turns": returning_turns(runs[r["name"]].records, runs[r["name"]].summary,
-                                                                    cal.profile, keys)}
+                                                                    cal.profile, keys),
+                                 "speedup": turn_speedups(van, r["summary"]), "phases": phase_means(r["summary"])}
                      for r in rows},
         "speedup_mean_ttft": ratio(van.get("ttft_mean_s"), ssd_s.get("ttft_mean_s")),
         "ram_only_speedup": ratio(van.get("ttft_mean_s"), ram_s.get("ttft_mean_s")),
+        "speedup_returning_turns": turn_speedups(van, ssd_s)["returning_turns"],
+        "ram_only_speedup_returning_turns": turn_speedups(van, ram_s)["returning_turns"],
         "token_hit_rate": ssd_s.get("token_hit_rate"),
         "token_hit_rate_ram_only": ram_s.get("token_hit_rate"),
         "token_hit_rate_vanilla": van.get("token_hit_rate"),
@@ -302,7 +306,7 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
         "report": str(result.report_path), "compare_json": str(result.summary_path),
         "problems": problems,
     }
-    figures["predicted_vs_measured"] = predicted_vs_measured(regime, figures["compared"])
+    figures["predicted_vs_measured"] = predicted_vs_measured(regime, figures["compared"], van)
     for name, pm in figures["predicted_vs_measured"].items():
         if name in figures["compared"]:
             figures["compared"][name]["predicted_hit_rate"] = pm["predicted_hit_rate"]
@@ -313,8 +317,9 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     write_json(out / "demo.json", figures)
     plot = plot_regime_safely(regime, out, lambda m: console.print(f"[dim]{escape(m)}[/]"))
     append_figures_section(Path(result.report_path), figures, regime, plot)
-    console.print(f"speedup (mean TTFT) RAM+SSD vs vanilla: [bold]{_x(figures['speedup_mean_ttft'])}[/]; "
-                  f"RAM-only: {_x(figures['ram_only_speedup'])}; token hit rate {_p(figures['token_hit_rate'])} "
+    console.print(f"speedup (mean TTFT) RAM+SSD vs vanilla: [bold]{_x(figures['speedup_mean_ttft'])}[/] (returning "
+                  f"turns {_x(figures['speedup_returning_turns'])}); RAM-only: {_x(figures['ram_only_speedup'])} "
+                  f"(returning turns {_x(figures['ram_only_speedup_returning_turns'])}); token hit rate {_p(figures['token_hit_rate'])} "
                   f"(ideal {_p(ideal)}" + (f", prompts only {_p(figures['ideal_hit_rate_prompts'])}" if live else "")
                   + ")" + ("" if same.complete else " [PARTIAL]"))
     return figures, problems
@@ -347,7 +352,13 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, hist
         console.print(f"from the miss-ratio curve ({regime.users} users, median reuse distance of a returning turn "
                       f"{regime.returning_distance_median_tokens or 0:,.0f} tokens): predicted token hit rate vanilla "
                       f"{units.percent(p['vanilla'])}, RAM-only {units.percent(p['kvtier-ram'])}, RAM+SSD "
-                      f"{units.percent(p['kvtier-ram-ssd'])} (ideal {units.percent(regime.ideal_hit_rate)})")
+                      f"{units.percent(p['kvtier-ram-ssd'])} (ideal {units.percent(regime.ideal_hit_rate)}; RAM is "
+                      f"inclusive: engine + RAM reach max(engine, RAM))")
+        sp = regime.predicted_speedup
+        if sp:
+            console.print(f"closed-loop model (requests queue for the engine's {regime.engine.tokens:,}-token KV space): "
+                          f"predicted mean-TTFT speedup RAM-only {units.ratio(sp.get('kvtier-ram'))}, RAM+SSD "
+                          f"{units.ratio(sp.get('kvtier-ram-ssd'))}")
 
 
 def rerender_partial(result, same: SameRequests, out: Path) -> None:

@@ -4,7 +4,9 @@
 or workload ideal, returning turns vs their bound). ``append_light_section``: the lighter load
 point's table, linking its own report in ``users<N>/``. ``plot_regime``: the workload's miss-ratio curve
 with the three chosen capacities marked (``kvtier.demo.regime``); ``predicted_vs_measured``: per
-configuration the curve's predicted hit rate beside the measured one, for ``--json``.
+configuration the curve's predicted hit rate beside the measured one (and the closed loop's predicted
+TTFT and speedup beside the measured), for ``--json``; ``time_lines``: queue / prefill / decode per
+configuration from the server's histograms, with the speedup on the returning turns alone.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 
 from kvtier.demo.common import fmt_pct, fmt_s, fmt_x, ratio
 
-LABELS = {"vanilla": "vanilla (engine KV)", "kvtier-ram": "kvtier RAM-only (engine + RAM)",
+LABELS = {"vanilla": "vanilla (engine KV)", "kvtier-ram": "kvtier RAM-only (max(engine, RAM): inclusive)",
           "kvtier-ram-ssd": "kvtier RAM+SSD (SSD)"}
 
 
@@ -47,11 +49,48 @@ def plot_regime_safely(regime: Any, out: Path, say: Any) -> str | None:
         return None
 
 
-def predicted_vs_measured(regime: Any, compared: dict[str, Any]) -> dict[str, dict[str, float | None]]:
-    """Per configuration: the curve's predicted token hit rate and the measured one (its summary's)."""
-    return {name: {"predicted_hit_rate": regime.predicted.get(name),
-                   "measured_hit_rate": (compared.get(name) or {}).get("token_hit_rate")}
-            for name in regime.predicted}
+def predicted_vs_measured(regime: Any, compared: dict[str, Any],
+                          baseline: dict[str, Any] | None = None) -> dict[str, dict[str, float | None]]:
+    """Per configuration: the curve's predicted token hit rate and the measured one (its summary's);
+    the closed loop's predicted mean TTFT and speedup (None without a TTFT model) and, with
+    ``baseline`` (vanilla's summary), the measured speedup."""
+    pt, psp = dict(getattr(regime, "predicted_ttft", ()) or ()), getattr(regime, "predicted_speedup", {}) or {}
+    base = (baseline or {}).get("ttft_mean_s")
+    out = {}
+    for name in regime.predicted:
+        c = compared.get(name) or {}
+        out[name] = {"predicted_hit_rate": regime.predicted.get(name), "measured_hit_rate": c.get("token_hit_rate")}
+        if pt:
+            out[name].update(predicted_ttft_mean_s=pt.get(name), predicted_speedup=psp.get(name),
+                             measured_ttft_mean_s=c.get("ttft_mean_s"),
+                             measured_speedup=ratio(base, c.get("ttft_mean_s")) if baseline is not None else None)
+    return out
+
+
+def time_lines(f: dict[str, Any]) -> list[str]:
+    """Markdown: where each configuration's requests spent their time (the server's histograms), the
+    speedup on all turns and on the returning turns alone, and what bounds RAM+SSD's gain."""
+    lines = ["", "## Where the time went (the server's own histograms, mean seconds per request)", "",
+             "| configuration | queue | prefill | decode | TTFT (server) | queue / TTFT | speedup all turns "
+             "| speedup returning turns | predicted speedup |", "|---|---|---|---|---|---|---|---|---|"]
+    pvm = f.get("predicted_vs_measured") or {}
+    for name, c in f["compared"].items():
+        ph, sp = c.get("phases") or {}, c.get("speedup") or {}
+        lines.append(f"| {name} | {fmt_s(ph.get('queue_mean_s'))} | {fmt_s(ph.get('prefill_mean_s'))} "
+                     f"| {fmt_s(ph.get('decode_mean_s'))} | {fmt_s(ph.get('ttft_mean_s'))} "
+                     f"| {fmt_pct(ph.get('queue_share_of_ttft'))} | {fmt_x(sp.get('all_turns'))} "
+                     f"| {fmt_x(sp.get('returning_turns'))} | {fmt_x((pvm.get(name) or {}).get('predicted_speedup'))} |")
+    van = (f["compared"].get("vanilla") or {}).get("phases") or {}
+    ssd = (f["compared"].get("kvtier-ram-ssd") or {}).get("phases") or {}
+    q, t, sq = van.get("queue_mean_s"), van.get("ttft_mean_s"), ssd.get("queue_mean_s")
+    if q is not None and t and sq is not None:
+        lines += ["", f"A vanilla request waited {fmt_s(q)} s of its {fmt_s(t)} s TTFT in the engine's queue "
+                      f"({fmt_pct(q / t)}); with RAM+SSD it still waited {fmt_s(sq)} s. The engine's KV space holds "
+                      "only a few requests, so a request waits for those ahead of it to prefill *and decode* "
+                      f"(decode {fmt_s(ssd.get('decode_mean_s'))} s each with RAM+SSD, which the cache cannot "
+                      "shorten): the all-turns ratio is bounded by that queue, the returning-turns ratio shows "
+                      "the mechanism where it acts."]
+    return lines + [""]
 
 
 def regime_lines(regime: Any, plot: str | None) -> list[str]:
@@ -60,9 +99,16 @@ def regime_lines(regime: Any, plot: str | None) -> list[str]:
              f"- ideal hit rate {fmt_pct(regime.ideal_hit_rate)}; median reuse distance of a returning turn "
              f"{regime.returning_distance_median_tokens or 0:,.0f} tokens",
              f"- vanilla: engine KV {regime.engine.tokens:,} tokens, predicted hit {fmt_pct(regime.engine.predicted_hit_rate)}",
-             f"- RAM-only: RAM {regime.ram.tokens:,} tokens (with the engine {regime.ram.lru_tokens:,}), predicted "
+             f"- RAM-only: RAM {regime.ram.tokens:,} tokens (reach with the engine, inclusive: {regime.ram.lru_tokens:,}), predicted "
              f"{fmt_pct(regime.ram.predicted_hit_rate)} = {fmt_pct(regime.ram.share_of_ideal)} of the ideal",
-             f"- RAM+SSD: SSD {regime.ssd.tokens:,} tokens, predicted {fmt_pct(regime.ssd.predicted_hit_rate)}"]
+             f"- RAM+SSD: SSD {regime.ssd.tokens:,} tokens, predicted {fmt_pct(regime.ssd.predicted_hit_rate)}",
+             "- the RAM tier is inclusive (every computed chunk is written through), so engine + RAM reach "
+             "max(engine, RAM) tokens of distinct history, not their sum"]
+    sp = getattr(regime, "predicted_speedup", {}) or {}
+    if sp:
+        lines.append(f"- the closed-loop model's mean-TTFT speedup (engine KV space {regime.engine.tokens:,} tokens, "
+                     f"requests queue beyond it): RAM-only {fmt_x(sp.get('kvtier-ram'))}, RAM+SSD "
+                     f"{fmt_x(sp.get('kvtier-ram-ssd'))}")
     lines += [f"- not the published regime: {p}" for p in regime.problems]
     if plot:
         lines += ["", f"![miss-ratio curve]({plot})"]
@@ -92,6 +138,7 @@ def append_figures_section(report: Path, f: dict[str, Any], regime: Any = None, 
     for name, pm in (f.get("predicted_vs_measured") or {}).items():
         lines.insert(-1, f"- {name}: token hit rate predicted by the curve {fmt_pct(pm['predicted_hit_rate'])}, "
                          f"measured {fmt_pct(pm['measured_hit_rate'])}")
+    lines += time_lines(f)
     if regime is not None:
         lines += regime_lines(regime, plot)
     _append(report, lines)

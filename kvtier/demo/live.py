@@ -30,6 +30,7 @@ from kvtier.client.live_ideal import SentIdeal, sent_ideal
 from kvtier.client.replay import ReplayOptions
 from kvtier.demo.calibrate import Calibration
 from kvtier.demo.sizing import Sizing, WorkloadFacts, estimate, scaled
+from kvtier.demo.regime import regime_for
 
 #: the companion generator caps a reply at 5x the median assistant length (``kvtier.workload.companion``)
 REPLY_CAP_FACTOR = 5
@@ -111,17 +112,19 @@ def returning_turns(records: Sequence[Any], summary: dict[str, Any] | None, prof
 def light_sizing(base: Any, main: Sizing, cal: Calibration, facts_of: Callable[[Any], WorkloadFacts],
                  users: int, budget_s: float, history: str = "live") -> Sizing:
     """The main run's scales at ``users`` users, conversations chosen for ``budget_s`` (3 server starts
-    and 3 replays; see the module docstring). Never fewer conversations than users."""
+    and 3 replays; see the module docstring). Never fewer conversations than users. Its capacities are
+    read off its own curve (``kvtier.demo.regime.regime_for``), and its estimate uses them."""
     per_user = max(1.0, main.size.conversations / max(1, main.size.concurrency))
     c = max(users, round(users * per_user))
     while True:
         size = dataclasses.replace(scaled(base, main.length_scale, main.think_scale, c), concurrency=users,
                                    max_tokens=main.size.max_tokens)
         facts = facts_of(size)
-        total, per = estimate(cal.profile, cal.startup_s, size, facts, history)
+        regime = regime_for(size, facts, cal.profile, history)
+        total, per = estimate(cal.profile, cal.startup_s, size, facts, history, regime)
         own = total - cal.profile.elapsed_s - cal.startup_s          # no calibration, 3 starts
         if own <= budget_s or c <= users:
             return Sizing(size=size, length_scale=main.length_scale, think_scale=main.think_scale, estimate_s=own,
                           per_config_s=per, facts=facts, target_s=budget_s, over_target=own > 1.1 * budget_s,
-                          overridden=("users",))
+                          overridden=("users",), regime=regime)
         c -= 1

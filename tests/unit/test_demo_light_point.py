@@ -20,8 +20,8 @@ def _run(tmp_path, monkeypatch, opts: DemoOptions) -> dict:
 
 
 def test_default_light_point_is_skipped_when_the_main_run_used_the_target(tmp_path, monkeypatch):
-    # a 1-second target: the main run's estimate leaves nothing, so the default point would only add time
-    fig = _run(tmp_path, monkeypatch, DemoOptions(users=2, conversations=3, target_s=1.0))
+    # a 0.1-second target: the main run's estimate leaves nothing, so the default point would only add time
+    fig = _run(tmp_path, monkeypatch, DemoOptions(users=2, conversations=3, target_s=0.1))
     assert fig["complete"] is True and fig["light_point_skipped"] is True and "light_point" not in fig
     assert not (tmp_path / "users1").exists()
     assert json.loads((tmp_path / "demo.json").read_text())["light_point_skipped"] is True
