@@ -5,7 +5,6 @@ explained, not only printed).
 * ``verify_speed``: the checksum a verified read computes, on one core (the ceiling of a verified
   read when nothing overlaps the hash with the device);
 * ``file_layout``: how the chunk files lie on the device (FIEMAP extents, file-to-file seeks, span);
-* ``raw_read_files``: raw O_DIRECT reads of the SAME chunk files (open, one ``preadv``, close);
 * ``attribution_markdown``: the report's lines for the above.
 
 Side effects: reads the files it is given; nothing else.
@@ -16,7 +15,7 @@ from __future__ import annotations
 import os
 import time
 
-from kvtier.tiers.diskio import ALIGN, open_direct
+from kvtier.tiers.diskio import ALIGN
 
 GB = 1e9
 
@@ -89,46 +88,25 @@ def file_layout(paths: list[str]) -> dict | None:
             "span_mib": round((hi - (lo or 0)) / 2**20, 1)}
 
 
-def raw_read_files(paths: list[str], size: int, buf: memoryview) -> float:
-    """Raw O_DIRECT read of whole files (open, one preadv each, close; no checksum): seconds."""
-    n = -(-size // ALIGN) * ALIGN
-    t0 = time.perf_counter()
-    for p in paths:
-        fd, _ = open_direct(p, os.O_RDONLY, True)
-        try:
-            got = os.preadv(fd, [buf[:n]], 0)
-        finally:
-            os.close(fd)
-        if got != size:
-            raise OSError(f"raw read of {p}: {got} of {size} bytes")
-    return time.perf_counter() - t0
-
-
-
-
 def fig(s: dict) -> str:
     """A figure's median and its spread over the rounds."""
     return f"{s['median']} ({s['min']}–{s['max']})"
 
 
 def attribution_markdown(r: dict, headline: str) -> list[str]:
-    """The report's lines on the same-files passes and the checksum ceiling (none if not run)."""
+    """The report's lines on where the headline's verified read goes (its files read one read per
+    chunk, CPU per GB, layout) and the checksum ceiling (none if not run)."""
     lines: list[str] = []
     for name, d in r["models"].items():
         t = d["disk"]["variants"].get(r.get("headline_variant", headline), {})
-        if "get_vs_raw_read_same_files" in t:
-            cpu = t["cpu_s_per_gb"]
-            lay = [x for x in t["layout_per_round"] if x]
-            lines += ["", f"{name}, the same chunk files read three ways after the timed get (order rotating, page "
-                      f"cache dropped before each): raw O_DIRECT (open, one `preadv` per file, close, no checksum) "
-                      f"{fig(t['raw_read_same_files_gbps'])} GB/s = {fig(t['raw_read_same_files_vs_raw_read'])}x "
-                      f"the one-file raw read; `get_into` {fig(t['get_again_gbps'])} GB/s = "
-                      f"**{fig(t['get_vs_raw_read_same_files'])}x** of it; `get_into` with one read per chunk "
-                      f"(checksum after) {fig(t['get_one_read_gbps'])} GB/s = "
-                      f"{fig(t['get_one_read_vs_raw_read_same_files'])}x. CPU seconds per GB (all threads): "
-                      f"get {cpu['get']['median']}, one-read get {cpu['get_one_read']['median']}, raw "
-                      f"{cpu['raw_read_same_files']['median']}."
-                      + (f" Layout (FIEMAP, in read order) per round: "
+        if "get_one_read_gbps" in t:
+            cpu = {k: v["median"] for k, v in t["cpu_s_per_gb"].items()}
+            lay = [x for x in t.get("layout_per_round", []) if x]
+            lines += ["", f"{name}, {headline}: `get_into` with one read per chunk (checksum after it) "
+                      f"{fig(t['get_one_read_gbps'])} GB/s = {fig(t['get_one_read_vs_raw_read'])}x the ceiling "
+                      f"(pieces in flight: {fig(t['get_vs_raw_read'])}x). CPU seconds per GB (all threads): "
+                      + ", ".join(f"{k} {v}" for k, v in cpu.items()) + "."
+                      + (" Layout (FIEMAP, in read order) per round: "
                          + "; ".join(f"{x['extents']} extents, {x['breaks']} of {x['files'] - 1} file-to-file "
                                      f"seeks, span {x['span_mib']} MiB" for x in lay) + "." if lay else "")]
     for name, d in r["models"].items():
@@ -140,5 +118,5 @@ def attribution_markdown(r: dict, headline: str) -> list[str]:
                       f"{v['xxh3_128_gbps']} GB/s ({v['chunk_bytes'] / v['xxh3_128_gbps'] / 1e6:.3f} ms a chunk)"
                       + (f", keyed BLAKE3 (signed chunks) {v['blake3_mac_gbps']} GB/s" if v.get("blake3_mac_gbps")
                          else "")
-                      + f"; a verified read at the raw read's {rr} GB/s with nothing overlapped: {ceil:.4g} GB/s."]
+                      + f"; a verified read at the ceiling's {rr} GB/s with nothing overlapped: {ceil:.4g} GB/s."]
     return lines

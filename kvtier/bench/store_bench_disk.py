@@ -1,201 +1,238 @@
-"""The disk passes of ``kvtier bench store``: ``DiskTier`` put / ``get_into`` per variant, the
-headline variant's reads of the same chunk files three ways, and the rounds that pair each tier
-pass with its raw baseline."""
+"""The disk passes of ``kvtier bench store``: every ``DiskTier`` variant against the ceiling of
+plain I/O of the same bytes on the same files, measured interleaved in the same round.
+
+One round of one variant (``bench_disk``):
+
+* put phase: the chunks in blocks of about ``BLOCK_BYTES``. For each block, the tier's put (the
+  variant's own path: ``put`` on one thread, or ``write`` to the writer pool + ``flush``) and
+  every plain write shape of ``store_bench_raw.WRITE_SHAPES`` (the same file bytes under the same
+  names in the tier's layout, the same O_DIRECT choice, the same number of threads, one reused
+  source buffer) run back to back in an order that rotates with the block, each timed until
+  written back (``os.sync`` inside its timing, as a buffered put must be);
+* get phase: per chunk file, in an order rotating with the chunk, ``get_into`` (checksum verified)
+  and every plain read shape of ``READ_SHAPES`` of that same file, each right after the file was
+  evicted from the page cache, the same O_DIRECT choice, one reused buffer each; the headline
+  variant also reads it with ``get_into`` issuing one read per chunk (checksum after it).
+
+Each pass's figure is the payload bytes over its time summed over the blocks (chunks), so the
+tier and its plain-I/O variants see the same disk state at the same moments (this VM's disk
+varies 2x within a minute). The round's ceiling is the best of the plain variants
+(``store_bench_rounds.against_ceiling``). What the plain I/O leaves out: the checksum, the ledger
+lock and update, the index; ``create`` and ``padded`` also the rename (``publish`` keeps it).
+
+References, once per round (not ceilings: other files): one preallocated file written and read
+sequentially (``raw_disk``) and fresh files read at the tier's reads in flight."""
 
 from __future__ import annotations
 
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
-from kvtier.bench.disk_attribution import file_layout, raw_read_files, verify_speed
-from kvtier.bench.store_bench_files import aligned_buffer, bench_namespace, drop_page_cache, random_buffer, remove_settled
-from kvtier.bench.store_bench_raw import raw_disk, raw_read_same_io, raw_write_parallel
-from kvtier.bench.store_bench_rounds import (GB, HEADLINE, TOKENS, VARIANTS, WRITER_THREADS, latency_ms, order,
-                                       ratio_stats, sig, spread)
-from kvtier.chunk import ChunkMeta
+from kvtier.bench.disk_attribution import file_layout, verify_speed
+from kvtier.bench.store_bench_files import aligned_buffer, bench_namespace, random_buffer, remove_settled
+from kvtier.bench.store_bench_raw import (READ_SHAPES, WRITE_SHAPES, raw_disk, raw_read_same_io, read_file,
+                                          write_files)
+from kvtier.bench.store_bench_rounds import (GB, HEADLINE, TOKENS, VARIANTS, WRITER_THREADS, against_ceiling,
+                                             latency_ms, ratio_stats, sig, spread)
+from kvtier.chunk import ChunkMeta, file_size
 from kvtier.keys import chunk_keys
 from kvtier.metrics import Telemetry
 from kvtier.tiers.disk import DiskTier
-from kvtier.tiers.diskio import ALIGN
+from kvtier.tiers.diskio import ALIGN, read_plan
+from kvtier.tiers.disklayout import NamespaceDir
 from kvtier.tiers.protocol import WriteItem
+
+BLOCK_BYTES = 64 << 20
+
+
+def _rotated(names: list[str], i: int) -> list[str]:
+    k = i % len(names)
+    return names[k:] + names[:k]
+
+
+def _evict(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+class _Clock:
+    """Wall and CPU seconds (all threads) per pass name, summed over the blocks of a phase."""
+
+    def __init__(self) -> None:
+        self.wall: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+
+    def run(self, name: str, fn) -> None:
+        c0, t0 = time.process_time(), time.perf_counter()
+        fn()
+        self.wall[name] = self.wall.get(name, 0.0) + time.perf_counter() - t0
+        self.cpu[name] = self.cpu.get(name, 0.0) + time.process_time() - c0
 
 
 def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bool | None = None,
                src: memoryview | None = None, asynchronous: bool = False, same_files: bool = False,
                round_index: int = 0) -> dict:
-    """One tier pass: put every chunk (synchronous ``DiskTier.put``, one thread; or, with
-    ``asynchronous``, ``submit`` to the writer pool, the path ``TieredStore.put`` takes, and
-    ``flush``), sync, drop the files from the page cache, ``get_into`` every chunk.
-
-    ``same_files`` (O_DIRECT reads only): the same files are also read raw (whole file per
-    ``preadv``, no checksum) and by ``get_into`` with one read per chunk, each pass after a page
-    cache drop, in an order that rotates with ``round_index``; plus the files' layout."""
+    """One round of one tier variant against its plain-I/O ceiling variants (see the module doc).
+    ``same_files`` (the headline): also ``get_into`` with one read per chunk, and the files' layout."""
     ns = bench_namespace(chunk)
+    raw_dir = path / f"raw-{ns.short_id()}"
     remove_settled(path / ns.short_id())
+    remove_settled(raw_dir)
     tier = DiskTier.open(path, ns, capacity=n * (chunk + 8192) + 2**20, o_direct=o_direct,
                          o_direct_read=o_direct_read, writer_threads=WRITER_THREADS, queue_depth=n + 1,
                          telemetry=Telemetry())
-    if src is None:
-        src = random_buffer(chunk, 2)
-    out = aligned_buffer(chunk)
+    fbytes = file_size(chunk)
+    src = random_buffer(chunk, 2) if src is None else src
+    fsrc = random_buffer(-(-fbytes // ALIGN) * ALIGN, 3)
     keys = chunk_keys(ns, np.arange(n * TOKENS))
-    put_t, get_t = [], []
-    t0 = time.perf_counter()
-    for k in keys:
-        t = time.perf_counter()
-        meta = ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk)
-        assert tier.write([WriteItem(meta, src, lambda: None)])[0] if asynchronous else tier.put(meta, src)
-        if not asynchronous:     # a submit's latency is not a write's
-            put_t.append(time.perf_counter() - t)
-    if asynchronous:
-        assert tier.flush(600)
-    os.sync()           # written back: buffered data (and O_DIRECT's trailer page) is part of the put
-    put_wall = time.perf_counter() - t0
-    drop_page_cache([tier.path_of(k) for k in keys])
-    t0 = time.perf_counter()
-    for k in keys:
-        t = time.perf_counter()
-        assert tier.get_into(k, out) is not None
-        get_t.append(time.perf_counter() - t)
-    get_wall = time.perf_counter() - t0
-    extra: dict = {}
-    if same_files and tier.o_direct_read:
-        extra = _same_files(tier, keys, out, chunk, round_index)
+    threads = WRITER_THREADS if asynchronous else 1
+    per_block = max(1, BLOCK_BYTES // chunk)
+    put_t: list[float] = []
+    get_t: list[float] = []
+    wr = _Clock()
+
+    def tier_put(block: list) -> None:
+        for k in block:
+            t = time.perf_counter()
+            meta = ChunkMeta(k, None, TOKENS, (chunk,), "uint8", chunk)
+            assert tier.write([WriteItem(meta, src, lambda: None)])[0] if asynchronous else tier.put(meta, src)
+            if not asynchronous:      # a submit's latency is not a write's
+                put_t.append(time.perf_counter() - t)
+        if asynchronous:
+            assert tier.flush(600)
+        os.sync()                     # written back: buffered data (and O_DIRECT's trailer page) is part of the put
+
+    shapes = list(WRITE_SHAPES[tier.o_direct])
+    layouts = {s: NamespaceDir(raw_dir / s) for s in shapes}    # one per round, as the tier's
+    for b, i in enumerate(range(0, n, per_block)):
+        block = keys[i:i + per_block]
+        names = [k.hex() for k in block]
+        for name in _rotated(["tier", *shapes], b + round_index):
+            if name == "tier":
+                wr.run(name, lambda: tier_put(block))
+            else:
+                wr.run(name, lambda s=name: write_files(layouts[s], names, fsrc, fbytes, o_direct=tier.o_direct,
+                                                        shape=s, threads=threads))
+    remove_settled(raw_dir)
+
+    out = aligned_buffer(chunk)
+    rbuf = aligned_buffer(-(-fbytes // ALIGN) * ALIGN)
+    paths = [tier.path_of(k) for k in keys]
+    rd = tier.o_direct_read
+    rdc = _Clock()
+    passes = ["get", *READ_SHAPES] + (["get_one_read"] if same_files else [])
+    with ThreadPoolExecutor(max(1, len(read_plan(chunk, rd)) - 1), thread_name_prefix="kvtier-bench-read") as pool:
+        def tier_get(k) -> None:
+            t = time.perf_counter()
+            assert tier.get_into(k, out) is not None
+            get_t.append(time.perf_counter() - t)
+
+        def one_read(k) -> None:
+            old = tier.read_pipeline_min
+            tier.read_pipeline_min = 1 << 62          # one preadv per chunk, checksum after it
+            try:
+                assert tier.get_into(k, out) is not None
+            finally:
+                tier.read_pipeline_min = old
+
+        def plain(p: str, shape: str) -> None:
+            if read_file(p, rbuf, fbytes, o_direct=rd, shape=shape, pool=pool) != fbytes:
+                raise OSError(f"plain read of {p} came up short")
+
+        for j, (k, p) in enumerate(zip(keys, paths)):
+            for name in _rotated(passes, j + round_index):
+                _evict(p)
+                fn = {"get": lambda: tier_get(k), "get_one_read": lambda: one_read(k)}.get(
+                    name, lambda s=name: plain(p, s))
+                rdc.run(name, fn)
+    layout = file_layout(paths) if same_files else None
+    rbuf.release()
     tier.close()
     remove_settled(path / ns.short_id())
-    return {"put_gbps": n * chunk / put_wall / GB, "get_gbps": n * chunk / get_wall / GB,
-            "put_s": put_t, "get_s": get_t, **extra}
+    vol = n * chunk
+    res = {"put_gbps": vol / wr.wall["tier"] / GB, "get_gbps": vol / rdc.wall["get"] / GB,
+           "put_s": put_t, "get_s": get_t,
+           "raw_write": {s: vol / wr.wall[s] / GB for s in shapes},
+           "raw_read": {s: vol / rdc.wall[s] / GB for s in READ_SHAPES},
+           "cpu_s_per_gb": {("put" if k == "tier" else f"write_{k}"): c / (vol / GB) for k, c in wr.cpu.items()}
+           | {(k if k.startswith("get") else f"read_{k}"): c / (vol / GB) for k, c in rdc.cpu.items()}}
+    if same_files:
+        res.update({"get_one_read_gbps": vol / rdc.wall["get_one_read"] / GB, "layout": layout})
+    return res
 
 
-def _same_files(tier: DiskTier, keys: list, out: memoryview, chunk: int, round_index: int) -> dict:
-    """After the timed get: the headline's attribution passes on the same chunk files (see
-    ``bench_disk``). The timed get ran first; the other passes rotate so that none of the three
-    is always first after the put (a host cache favours whichever reads second)."""
-    from kvtier.chunk import file_size
-    paths = [tier.path_of(k) for k in keys]
-    vol = len(keys) * chunk
-    rbuf = aligned_buffer(file_size(chunk))
-
-    def tier_get() -> float:
-        t0 = time.perf_counter()
-        for k in keys:
-            assert tier.get_into(k, out) is not None
-        return time.perf_counter() - t0
-
-    def one_read() -> float:
-        old = tier.read_pipeline_min
-        tier.read_pipeline_min = 1 << 62          # one preadv per chunk, checksum after it
-        try:
-            return tier_get()
-        finally:
-            tier.read_pipeline_min = old
-
-    passes = {"raw_files": lambda: raw_read_files(paths, file_size(chunk), rbuf), "get_one_read": one_read,
-              "get_again": tier_get}
-    names = list(passes)
-    names = names[round_index % 3:] + names[:round_index % 3]
-    res: dict = {}
-    for name in names:
-        drop_page_cache(paths)
-        c0 = time.process_time()
-        dt = passes[name]()
-        res[name] = (vol / dt / GB, (time.process_time() - c0) / (vol / GB))
-    rbuf.release()
-    return {"raw_read_same_files_gbps": res["raw_files"][0], "get_one_read_gbps": res["get_one_read"][0],
-            "get_again_gbps": res["get_again"][0], "raw_read_same_files_cpu_s_per_gb": res["raw_files"][1],
-            "get_cpu_s_per_gb": res["get_again"][1], "get_one_read_cpu_s_per_gb": res["get_one_read"][1],
-            "layout": file_layout(paths)}
+def _summary(name: str, runs: list[dict], ref: dict[str, list[float]], fresh: list[float]) -> dict:
+    """One variant's rounds: its figures, each against the ceiling of its rounds, and the references."""
+    w, rd = VARIANTS[name]
+    put, get = [x["put_gbps"] for x in runs], [x["get_gbps"] for x in runs]
+    rw = against_ceiling(put, {s: [x["raw_write"][s] for x in runs] for s in runs[0]["raw_write"]})
+    rr = against_ceiling(get, {s: [x["raw_read"][s] for x in runs] for s in runs[0]["raw_read"]})
+    put_s = [s for x in runs for s in x["put_s"]]
+    out = {"o_direct_write": w, "o_direct_read": rd,
+           "writer_threads": WRITER_THREADS if name == "direct_async" else 1,
+           "put_gbps": spread(put)["median"], "get_gbps": spread(get)["median"],
+           "raw_write": rw, "raw_read": rr, "raw_write_gbps": rw["gbps"]["median"], "raw_read_gbps": rr["gbps"]["median"],
+           "put_vs_raw_write": rw["ratio"], "get_vs_raw_read": rr["ratio"],
+           "put_vs_device_write": ratio_stats(put, ref["device_write_gbps"]),
+           "get_vs_device_read": ratio_stats(get, ref["device_read_gbps"]),
+           "raw_read_fresh_files_gbps": spread(fresh), "get_vs_raw_read_fresh_files": ratio_stats(get, fresh),
+           "spread": {"put_gbps": spread(put), "get_gbps": spread(get)},
+           "per_round": {"put_gbps": [sig(x) for x in put], "get_gbps": [sig(x) for x in get]},
+           "cpu_s_per_gb": {k: spread([x["cpu_s_per_gb"][k] for x in runs]) for k in runs[0]["cpu_s_per_gb"]},
+           "put": latency_ms(put_s) if put_s else {"p50_ms": None, "p99_ms": None},
+           "get": latency_ms([s for x in runs for s in x["get_s"]])}
+    if "get_one_read_gbps" in runs[0]:
+        one = [x["get_one_read_gbps"] for x in runs]
+        out.update({"get_one_read_gbps": spread(one), "get_one_read_vs_raw_read": ratio_stats(one, rr["per_round"]),
+                    "layout_per_round": [x["layout"] for x in runs]})
+    return out
 
 
 def bench_disk_rounds(path: Path, chunk: int, n: int, repeat: int, variants: list[str], log=print) -> dict:
-    """``repeat`` rounds; each runs the raw pass and the headline tier pass back to back
-    (alternating order), then the other tier variants."""
+    """``repeat`` rounds; each measures the references, then every variant against its ceiling
+    (variant order rotating between rounds)."""
     block = (chunk + ALIGN - 1) // ALIGN * ALIGN
-    raw_buf = random_buffer(block, 1)
+    ref_buf = random_buffer(block, 1)
     src = random_buffer(chunk, 2)
-    raw: dict[str, list[float]] = {"raw_write_gbps": [], "raw_read_gbps": []}
-    if "direct_async" in variants:
-        raw[f"raw_write_qd{WRITER_THREADS}_gbps"] = []
-    tiers: dict[str, dict[str, list]] = {v: {"put_gbps": [], "get_gbps": [], "put_s": [], "get_s": []}
-                                         for v in variants}
-    same_io: dict[bool, list[float]] = {rd: [] for rd in sorted({VARIANTS[v][1] for v in variants})}
+    ref: dict[str, list[float]] = {"device_write_gbps": [], "device_read_gbps": []}
+    fresh: dict[bool, list[float]] = {rd: [] for rd in sorted({VARIANTS[v][1] for v in variants})}
+    runs: dict[str, list[dict]] = {v: [] for v in variants}
     tool = "python"
     for r in range(repeat):
-        for rd in same_io:       # raw reads at the tier's own concurrency and read mode, fresh files
-            same_io[rd].append(raw_read_same_io(path, chunk, n, o_direct=rd))
-        def run_pass(name: str) -> None:
-            nonlocal tool
-            if name == "raw":
-                res = raw_disk(path, chunk, n, raw_buf)
-                tool = res.pop("raw_tool")
-                for k, v in res.items():
-                    raw[k].append(v)
-                return
-            if name == "raw_parallel":
-                raw[f"raw_write_qd{WRITER_THREADS}_gbps"].append(raw_write_parallel(path, chunk, n, raw_buf))
-                return
+        for rd in fresh:       # reference: fresh files at the tier's reads in flight and read mode
+            fresh[rd].append(raw_read_same_io(path, chunk, n, o_direct=rd))
+        res = raw_disk(path, chunk, n, ref_buf)
+        tool = res.pop("raw_tool")
+        ref["device_write_gbps"].append(res["raw_write_gbps"])
+        ref["device_read_gbps"].append(res["raw_read_gbps"])
+        for name in _rotated(list(variants), r):
             w, rd = VARIANTS[name]
-            res = bench_disk(path, chunk, n, o_direct=w, o_direct_read=rd, src=src,
-                             asynchronous=name == "direct_async", same_files=name == HEADLINE, round_index=r)
-            for k, v in res.items():
-                tiers[name].setdefault(k, [])
-                tiers[name][k] += v if isinstance(v, list) else [v]
-        for name in order(r, "raw", HEADLINE):
-            run_pass(name)
-        if "direct_async" in variants:       # the writer pool vs raw writes at the same concurrency
-            for name in order(r, "raw_parallel", "direct_async"):
-                run_pass(name)
-        for name in variants:
-            if name not in (HEADLINE, "direct_async"):
-                run_pass(name)
-        h = tiers[HEADLINE]
-        same = (f" | same files: raw {h['raw_read_same_files_gbps'][-1]:.2f} get {h['get_again_gbps'][-1]:.2f}"
-                f" one-read get {h['get_one_read_gbps'][-1]:.2f}") if h.get("raw_read_same_files_gbps") else ""
-        log(f"    round {r + 1}/{repeat}: raw write {raw['raw_write_gbps'][-1]:.2f} read {raw['raw_read_gbps'][-1]:.2f}"
-            f" | {HEADLINE} put {h['put_gbps'][-1]:.2f} get {h['get_gbps'][-1]:.2f} GB/s"
-            + "".join(f" | {v} put {tiers[v]['put_gbps'][-1]:.2f} get {tiers[v]['get_gbps'][-1]:.2f}"
-                      for v in variants if v != HEADLINE) + same)
-    out: dict = {"raw_tool": tool, "chunks": n, "rounds": repeat,
-                 "raw_write_gbps": spread(raw["raw_write_gbps"])["median"],
-                 "raw_read_gbps": spread(raw["raw_read_gbps"])["median"],
-                 "spread": {k: spread(v) for k, v in raw.items()},
-                 "per_round": {k: [sig(x) for x in v] for k, v in raw.items()}, "variants": {}}
-    for name, t in tiers.items():
-        w, rd = VARIANTS[name]
-        out["variants"][name] = {
-            "o_direct_write": w, "o_direct_read": rd,
-            "put_gbps": spread(t["put_gbps"])["median"], "get_gbps": spread(t["get_gbps"])["median"],
-            "get_vs_raw_read": ratio_stats(t["get_gbps"], raw["raw_read_gbps"]),
-            "raw_read_same_io_gbps": spread(same_io[rd]),
-            "get_vs_raw_read_same_io": ratio_stats(t["get_gbps"], same_io[rd]),
-            "put_vs_raw_write": ratio_stats(t["put_gbps"], raw["raw_write_gbps"]),
-            "spread": {"put_gbps": spread(t["put_gbps"]), "get_gbps": spread(t["get_gbps"])},
-            "per_round": {"put_gbps": [sig(x) for x in t["put_gbps"]],
-                          "get_gbps": [sig(x) for x in t["get_gbps"]]},
-            "put": latency_ms(t["put_s"]) if t["put_s"] else {"p50_ms": None, "p99_ms": None}, "get": latency_ms(t["get_s"])}
-        if t.get("raw_read_same_files_gbps"):
-            out["variants"][name].update({
-                "raw_read_same_files_gbps": spread(t["raw_read_same_files_gbps"]),
-                "get_again_gbps": spread(t["get_again_gbps"]),
-                "get_one_read_gbps": spread(t["get_one_read_gbps"]),
-                "get_vs_raw_read_same_files": ratio_stats(t["get_again_gbps"], t["raw_read_same_files_gbps"]),
-                "get_one_read_vs_raw_read_same_files": ratio_stats(t["get_one_read_gbps"],
-                                                                   t["raw_read_same_files_gbps"]),
-                "raw_read_same_files_vs_raw_read": ratio_stats(t["raw_read_same_files_gbps"], raw["raw_read_gbps"]),
-                "cpu_s_per_gb": {k: spread(t[f"{k}_cpu_s_per_gb"])
-                                 for k in ("get", "get_one_read", "raw_read_same_files")},
-                "layout_per_round": t["layout"]})
-        if name == "direct_async":
-            qd = f"raw_write_qd{WRITER_THREADS}_gbps"
-            out[qd] = spread(raw[qd])["median"]
-            out["variants"][name].update({"writer_threads": WRITER_THREADS,
-                                          f"put_vs_raw_write_qd{WRITER_THREADS}": ratio_stats(t["put_gbps"], raw[qd])})
-    out["verify"] = {k: sig(v) if isinstance(v, float) else v for k, v in verify_speed(random_buffer(chunk, 3)).items()}
+            runs[name].append(bench_disk(path, chunk, n, o_direct=w, o_direct_read=rd, src=src,
+                                         asynchronous=name == "direct_async", same_files=name == HEADLINE,
+                                         round_index=r))
+        log(f"    round {r + 1}/{repeat}: one-file write {ref['device_write_gbps'][-1]:.2f} read "
+            f"{ref['device_read_gbps'][-1]:.2f} | " + " | ".join(
+                f"{v} put {x[-1]['put_gbps']:.2f} / raw {max(x[-1]['raw_write'].values()):.2f}, get "
+                f"{x[-1]['get_gbps']:.2f} / raw {max(x[-1]['raw_read'].values()):.2f}" for v, x in runs.items()))
+    out: dict = {"raw_tool": tool, "chunks": n, "rounds": repeat, "block_bytes": BLOCK_BYTES,
+                 "write_shapes": {"o_direct": list(WRITE_SHAPES[True]), "buffered": list(WRITE_SHAPES[False])},
+                 "read_shapes": list(READ_SHAPES),
+                 "device": {"write_gbps": spread(ref["device_write_gbps"]), "read_gbps": spread(ref["device_read_gbps"])},
+                 "variants": {v: _summary(v, runs[v], ref, fresh[VARIANTS[v][1]]) for v in variants}}
     h = out["variants"][HEADLINE]
-    out.update({"get_gbps": h["get_gbps"], "put_gbps": h["put_gbps"], "get_vs_raw_read": h["get_vs_raw_read"],
+    out.update({"raw_read_gbps": h["raw_read_gbps"], "raw_write_gbps": h["raw_write_gbps"],
+                "spread": {"raw_read_gbps": h["raw_read"]["gbps"], "raw_write_gbps": h["raw_write"]["gbps"],
+                           **{k: spread(v) for k, v in ref.items()}, **h["spread"]},
+                "per_round": {"raw_read_gbps": h["raw_read"]["per_round"], "raw_write_gbps": h["raw_write"]["per_round"],
+                              **{k: [sig(x) for x in v] for k, v in ref.items()}},
+                "get_gbps": h["get_gbps"], "put_gbps": h["put_gbps"], "get_vs_raw_read": h["get_vs_raw_read"],
                 "put_vs_raw_write": h["put_vs_raw_write"], "get": h["get"], "put": h["put"], "tier": HEADLINE})
-    out["spread"].update(h["spread"])
+    out["verify"] = {k: sig(v) if isinstance(v, float) else v for k, v in verify_speed(random_buffer(chunk, 3)).items()}
     return out

@@ -50,3 +50,28 @@ def percentile_ms(xs: list[float], q: float) -> float:
 
 def latency_ms(xs: list[float]) -> dict:
     return {"p50_ms": round(percentile_ms(xs, 50), 3), "p99_ms": round(percentile_ms(xs, 99), 3)}
+
+
+def ceiling(variants: dict[str, list[float]]) -> tuple[list[float], list[str]]:
+    """Per round: the best (max) of the plain-I/O variants measured in that round, and its name.
+    The variants must hold one figure per round each."""
+    if not variants:
+        raise ValueError("a ceiling needs at least one plain-I/O variant")
+    rounds = {len(v) for v in variants.values()}
+    if len(rounds) != 1:
+        raise ValueError(f"variants hold different numbers of rounds: {sorted(rounds)}")
+    names = sorted(variants)
+    best = [max(names, key=lambda k: variants[k][i]) for i in range(rounds.pop())]
+    return [variants[k][i] for i, k in enumerate(best)], best
+
+
+def against_ceiling(tier: list[float], variants: dict[str, list[float]]) -> dict:
+    """A tier's per-round figures against the ceiling of the same rounds (``ceiling``): the ceiling's
+    spread, the per-round ratios (each <= the ratio to every single variant of that round), the
+    variant that set the ceiling in each round, every variant's spread, and the rounds (0-based)
+    where the tier beat every variant (the ceiling was no ceiling there: reported, never hidden)."""
+    best, which = ceiling(variants)
+    return {"gbps": spread(best), "ratio": ratio_stats(tier, best), "best_per_round": which,
+            "per_round": [sig(x) for x in best], "variants": {k: spread(v) for k, v in sorted(variants.items())},
+            "variants_per_round": {k: [sig(x) for x in v] for k, v in sorted(variants.items())},
+            "rounds_above": [i for i, (t, b) in enumerate(zip(tier, best, strict=True)) if t > b]}

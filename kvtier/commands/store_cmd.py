@@ -85,8 +85,8 @@ def bench_store(disk_path: Path = typer.Option(None, "--disk-path", help="Direct
                                                "(default: <kvtier_home>/bench-store)."),
                 volume: str = typer.Option("1GiB", "--volume", help="Bytes per model per disk pass."),
                 quick: bool = typer.Option(False, "--quick", help="256MiB volume, fewer passes."),
-                repeats: int = typer.Option(5, "--repeats", min=1, help="Rounds; each runs the raw and the tier "
-                                            "pass back to back (alternating order); figures are medians."),
+                repeats: int = typer.Option(5, "--repeats", min=1, help="Rounds; in each, every tier pass is "
+                                            "interleaved with its plain-I/O ceiling passes; figures are medians."),
                 json_path: Path = json_option("the results"),
                 md_path: Path = typer.Option(None, "--md", help="Write a Markdown report here (default with "
                                              "--json PATH: the same path with .md)."),
@@ -103,7 +103,7 @@ def bench_store(disk_path: Path = typer.Option(None, "--disk-path", help="Direct
                 sharedfs_read: Path = typer.Option(None, "--sharedfs-read", help="The same directory through a "
                                                    "second mount (reads come from there: 'the other machine')."))\
         -> None:
-    """Store put/get throughput and latency per tier vs memcpy and raw O_DIRECT I/O (median of rounds)."""
+    """Store put/get throughput and latency per tier vs memcpy and the best plain I/O of the same files (median of rounds)."""
     import time
 
     from kvtier.bench.store_bench import run

@@ -41,7 +41,6 @@ from kvtier.chunk import (HEADER_SIZE, TRAILER_SIZE, ChunkError, ChunkMeta, chec
 from kvtier.eviction import PolicyName
 from kvtier.keys import ChunkKey, Namespace
 from kvtier.metrics import QUEUE_DEPTH, Telemetry
-from kvtier.security import PRIVATE_DIR_MODE
 from kvtier.tiers import diskio, manifest
 from kvtier.tiers.base import Tier, TierUsage, as_byte_view
 from kvtier.tiers.diskindex import DiskIndex
@@ -130,10 +129,7 @@ class DiskTier(Tier):
     def _note_other_namespaces(self, path: Path) -> None:
         """Chunks of other namespaces (another model, dtype, block size, layout...) in the same
         directory are never read (their keys differ): say so once, counted (``foreign_namespace``)."""
-        try:
-            others = [d.root.name for d in NamespaceDir.all_under(path) if d.root != self.root]
-        except OSError:
-            return
+        others = NamespaceDir.others_under(path, self.root)
         if others:
             self._tm.event("foreign_namespace", self.name, f"{len(others)} other namespace(s) in {path} "
                            f"({', '.join(sorted(others)[:3])}) are not reused by {self.root.name}")
@@ -309,8 +305,10 @@ class DiskTier(Tier):
         return ok
 
     def _publish(self, tmp: str, final: str, meta: ChunkMeta, size: int) -> bool:
+        """Rename ``tmp`` to ``final`` under the ledger lock (evicting to make room); ``tmp`` removed if not renamed."""
         evicted: list[ChunkKey] = []
-        ok = False
+        ok = renamed = False
+        used: int | None = None
         try:
             with self._shared():
                 if os.path.exists(final):          # another writer published the same key first
@@ -326,9 +324,10 @@ class DiskTier(Tier):
                         used -= self._unlink_locked(victim)
                         evicted.append(victim)
                     if used + size <= self.capacity:
-                        os.makedirs(os.path.dirname(final), mode=PRIVATE_DIR_MODE, exist_ok=True)
-                        os.replace(tmp, final)
-                        self._set_ledger(used + size)
+                        self.layout.publish(tmp, final)
+                        renamed = True
+                        used += size
+                        self._set_ledger(used)
                         ok = True
                         if self.fsync == "always":
                             diskio.fsync_dir(os.path.dirname(final))
@@ -339,12 +338,13 @@ class DiskTier(Tier):
             self._tm.event("enospc" if e.errno == 28 else "io_error", self.name, f"publish: {e}")
             ok = False
         finally:
-            diskio.unlink_quiet(tmp)
+            if not renamed:
+                diskio.unlink_quiet(tmp)
         if ok:
             self._index.add(meta.key, size, meta.parent, True, meta.num_tokens)
         if evicted:
             self._tm.evicted(self.name, len(evicted))
-        self._tm.usage(self.name, self._ledger(), self.capacity)
+        self._tm.usage(self.name, self._ledger() if used is None else used, self.capacity)
         self._report_evicted(evicted)
         return ok
 

@@ -150,8 +150,10 @@ def _preallocate(fd: int, size: int) -> None:
 
 
 def _end_buffered(fd: int) -> None:
-    """Switch ``fd`` from O_DIRECT to buffered I/O (Linux allows it through F_SETFL)."""
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+    """Switch ``fd``, opened by ``open_direct`` with O_DIRECT as its only status flag, to buffered
+    I/O: one F_SETFL (Linux changes only O_APPEND, O_NONBLOCK, O_DIRECT, O_NOATIME and O_ASYNC
+    through it, and none of the others was set), no F_GETFL first."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, 0)
 
 
 def _pwrite_all(fd: int, data: memoryview | bytes, offset: int) -> None:
@@ -185,8 +187,8 @@ def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview,
     With O_DIRECT the file's blocks are reserved first (``_preallocate``: contiguous chunk
     files). One large write carries the header region and the payload (with O_DIRECT: the
     payload's 4 KiB-aligned body, from the caller's buffer in place when it is aligned,
-    else through one bounce copy); for payloads of ``PIPELINE_MIN`` or more it runs on
-    a helper thread while this thread computes the checksum. The last bytes (the
+    else through one bounce copy), issued by this thread; for payloads of ``PIPELINE_MIN``
+    or more a helper thread computes the checksum meanwhile. The last bytes (the
     payload's unaligned rest, if any, and the 20-byte trailer) follow as one small
     *buffered* write, so the file never needs padding and truncating. Raises OSError
     (ENOSPC, EIO, ...); the caller removes the partial temp file."""
@@ -208,11 +210,14 @@ def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview,
         body = plen // ALIGN * ALIGN if direct else plen
         parts = [hdr, payload[:body]]
         if plen >= PIPELINE_MIN:
-            fut = _io_pool().submit(_writev_all, fd, parts)
+            # this thread issues the write at once; a helper hashes meanwhile (much shorter than the
+            # write, so its result is waiting when the write returns: no thread wake-up on the
+            # critical path). Never return while the helper may still read the caller's buffer.
+            fut = _io_pool().submit(checksum, hdr, payload)
             try:
-                digest = checksum(hdr, payload)
+                _writev_all(fd, parts)
             finally:
-                fut.result()
+                digest = fut.result()
         else:
             digest = checksum(hdr, payload)
             _writev_all(fd, parts)

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -57,6 +57,8 @@ class NamespaceDir:
     """Paths of one namespace directory of a disk tier."""
 
     root: Path
+    #: fan-out directories this process made or found (``publish``); not part of the value
+    _dirs: set[str] = field(default_factory=set, compare=False, repr=False)
 
     @property
     def chunks(self) -> Path:
@@ -83,6 +85,14 @@ class NamespaceDir:
         """Every namespace directory of the disk tier at ``path`` (``store.disk.path``)."""
         return [NamespaceDir(p) for p in sorted(path.iterdir()) if (p / "chunks").is_dir()]
 
+    @staticmethod
+    def others_under(path: Path, root: Path) -> list[str]:
+        """Names of the namespace directories at ``path`` other than ``root`` ([] if unreadable)."""
+        try:
+            return [d.root.name for d in NamespaceDir.all_under(path) if d.root != root]
+        except OSError:
+            return []
+
     def create(self, namespace: Namespace) -> None:
         """Create the directory owner-only (it holds prompts' KV) with its ``chunks/`` and ``tmp/``,
         and ``namespace.json`` when absent (written to a temp file, then renamed into place)."""
@@ -99,6 +109,24 @@ class NamespaceDir:
     def path_of(self, key: ChunkKey) -> str:
         h = key.hex()
         return f"{self.chunks}/{h[:2]}/{h}{SUFFIX}"
+
+    def publish(self, tmp: str, final: str) -> None:
+        """Rename the complete file ``tmp`` to its final name (``os.replace``: atomic, a reader sees
+        the name absent or the whole file). The fan-out directory is made the first time this
+        process publishes under it (or again when the rename finds it removed since), so a
+        publish is one system call, not a ``mkdir`` failing with EEXIST, a ``stat`` and the rename.
+        Raises OSError (FileNotFoundError when ``tmp`` itself is gone)."""
+        d = os.path.dirname(final)
+        if d not in self._dirs:
+            os.makedirs(d, mode=PRIVATE_DIR_MODE, exist_ok=True)
+            self._dirs.add(d)
+        try:
+            os.replace(tmp, final)
+        except FileNotFoundError:
+            if not os.path.exists(tmp):
+                raise
+            os.makedirs(d, mode=PRIVATE_DIR_MODE, exist_ok=True)
+            os.replace(tmp, final)
 
     def scan(self) -> dict[ChunkKey, tuple[str, int, float]]:
         """Published chunk files: key -> (path, size, mtime). Reads the directory only."""

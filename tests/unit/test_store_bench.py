@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import typer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from kvtier.bench import (disk_attribution, store_bench, store_bench_disk, store_bench_files, store_bench_lookup,
                           store_bench_raw, store_bench_report, store_bench_rounds)
-from kvtier.bench.store_bench_rounds import order, ratio_stats, spread
+from kvtier.bench.store_bench_rounds import against_ceiling, order, ratio_stats, spread
 
 
 def test_spread_and_ratio_of_rounds() -> None:
@@ -65,20 +67,27 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
         for v in store_bench_rounds.VARIANTS:
             t = d["variants"][v]
             assert len(t["per_round"]["get_gbps"]) == 3
-            g = t["get_vs_raw_read"]
-            assert g["min"] <= g["median"] <= g["max"]
-            per_round = [a / b for a, b in zip(t["per_round"]["get_gbps"], d["per_round"]["raw_read_gbps"])]
-            assert g["median"] == pytest.approx(statistics.median(per_round), rel=0.02)
+            for kind, fig in (("raw_read", "get_gbps"), ("raw_write", "put_gbps")):
+                c = t[kind]                  # the report's raw figure: the best plain variant of each round
+                assert set(c["variants"]) == set(store_bench_raw.READ_SHAPES if kind == "raw_read"
+                                                 else store_bench_raw.WRITE_SHAPES[t[f"o_direct_{kind[4:]}"]])
+                best = [max(c["variants_per_round"][k][i] for k in c["variants"]) for i in range(3)]
+                assert c["per_round"] == best
+                per_round = [a / b for a, b in zip(t["per_round"][fig], best)]
+                ratio = t["get_vs_raw_read" if kind == "raw_read" else "put_vs_raw_write"]
+                assert ratio["min"] <= ratio["median"] <= ratio["max"]
+                assert ratio["median"] == pytest.approx(statistics.median(per_round), rel=0.02)
+                assert c["rounds_above"] == [i for i in range(3) if per_round[i] > 1]
+            assert t["raw_read_fresh_files_gbps"]["median"] > 0 and t["get_vs_device_read"]["median"] > 0
         assert d["get_gbps"] == d["variants"]["direct"]["get_gbps"]
-        for v in store_bench_rounds.VARIANTS:     # a raw baseline at the tier's own concurrency and read mode
-            t = d["variants"][v]
-            assert t["raw_read_same_io_gbps"]["median"] > 0 and t["get_vs_raw_read_same_io"]["median"] > 0
-        h = d["variants"][store_bench_rounds.HEADLINE]   # the same chunk files read raw / by get / one read per chunk
-        for k in ("raw_read_same_files_gbps", "get_again_gbps", "get_one_read_gbps"):
-            assert len(h["per_round"]["get_gbps"]) == 3 and h[k]["median"] > 0, k
-        assert h["get_vs_raw_read_same_files"]["median"] > 0 and len(h["layout_per_round"]) == 3
-        assert all(h["cpu_s_per_gb"][k]["median"] >= 0 for k in ("get", "get_one_read", "raw_read_same_files"))
-        assert "get_vs_raw_read_same_files" not in d["variants"]["buffered"]
+        assert d["raw_write_gbps"] == d["variants"]["direct"]["raw_write_gbps"]
+        assert d["device"]["read_gbps"]["median"] > 0 and d["device"]["write_gbps"]["median"] > 0
+        h = d["variants"][store_bench_rounds.HEADLINE]   # the headline's own files, one read per chunk
+        assert h["get_one_read_gbps"]["median"] > 0 and len(h["layout_per_round"]) == 3
+        assert all(h["cpu_s_per_gb"][k]["median"] >= 0 for k in ("get", "get_one_read", "read_plan", "put",
+                                                                 "write_publish", "write_padded"))
+        assert "get_one_read_gbps" not in d["variants"]["buffered"]
+        assert "write_padded" not in d["variants"]["buffered"]["cpu_s_per_gb"]
         assert d["verify"]["xxh3_128_gbps"] > 0 and d["verify"]["chunk_bytes"] == r["models"][name]["chunk_bytes"]
         m = r["models"][name]["memory"]
         assert m["spread"]["get_gbps"]["min"] <= m["get_gbps"] <= m["spread"]["get_gbps"]["max"]
@@ -87,8 +96,9 @@ def test_run_reports_medians_spreads_and_the_issue_keys(tmp_path: Path, tiny) ->
     md = store_bench_report.to_markdown(r)
     assert "| 7b |" in md and "median" in md and ("MISSED" in md or ": met" in md)
     assert not (tmp_path / "raw.bin").exists() and not list((tmp_path / "raw-same-io").iterdir())
-    assert "NOT dropped" in md and "tier's own concurrency" in md
-    assert "the same chunk files read three ways" in md and "xxh3-128" in md
+    assert not list(tmp_path.glob("raw-*/*"))                  # the plain variants' files are removed
+    assert "NOT dropped" in md and "tier's own concurrency" in md and "CEILING" in md
+    assert "best per round" in md and "one read per chunk" in md and "xxh3-128" in md
 
 
 def test_raw_same_io_matches_the_tiers_reads_in_flight(tmp_path: Path, monkeypatch) -> None:
@@ -177,3 +187,84 @@ def test_cli_rejects_zero_rounds(tmp_path: Path) -> None:
     store_cmd.register(app)
     res = CliRunner().invoke(app, ["bench", "store", "--disk-path", str(tmp_path), "--repeats", "0"])
     assert res.exit_code == 2
+
+
+_fig = st.floats(0.01, 10.0, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), rounds=st.integers(1, 6), nvariants=st.integers(1, 4))
+def test_the_raw_figure_is_the_max_of_the_plain_variants(data, rounds: int, nvariants: int) -> None:
+    variants = {f"v{j}": data.draw(st.lists(_fig, min_size=rounds, max_size=rounds)) for j in range(nvariants)}
+    tier = data.draw(st.lists(_fig, min_size=rounds, max_size=rounds))
+    c = against_ceiling(tier, variants)
+    best = [max(v[i] for v in variants.values()) for i in range(rounds)]
+    assert c["per_round"] == [store_bench_rounds.sig(b) for b in best]
+    assert [variants[k][i] for i, k in enumerate(c["best_per_round"])] == best
+    ratios = [t / b for t, b in zip(tier, best)]
+    assert c["ratio"]["max"] == store_bench_rounds.sig(max(ratios))
+    for v in variants.values():          # the ceiling is at least every variant: no ratio above the ratio to any
+        assert all(t / b <= t / x * (1 + 1e-12) for t, b, x in zip(tier, best, v))
+    assert c["rounds_above"] == [i for i in range(rounds) if tier[i] > best[i]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), rounds=st.integers(1, 6))
+def test_a_tier_doing_the_plain_io_plus_work_never_exceeds_its_ceiling(data, rounds: int) -> None:
+    """The tier's pass is one plain variant's work plus more (checksum, ledger, index): slower in
+    every round. Then its ratio to the max over the variants cannot exceed 1, and no round is flagged."""
+    plain = data.draw(st.lists(_fig, min_size=rounds, max_size=rounds))
+    other = data.draw(st.lists(_fig, min_size=rounds, max_size=rounds))
+    slower = data.draw(st.lists(st.floats(0.05, 1.0), min_size=rounds, max_size=rounds))
+    tier = [p * f for p, f in zip(plain, slower)]
+    c = against_ceiling(tier, {"publish": plain, "padded": other})
+    assert c["ratio"]["max"] <= 1.0 and c["rounds_above"] == []
+
+
+def test_ceiling_refuses_ragged_or_empty_variants() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        store_bench_rounds.ceiling({})
+    with pytest.raises(ValueError, match="different numbers of rounds"):
+        store_bench_rounds.ceiling({"a": [1.0, 2.0], "b": [1.0]})
+
+
+def _synthetic(put_vs: float, above: list[int]) -> dict:
+    ratio = {"median": put_vs, "min": put_vs, "max": put_vs, "of_medians": put_vs}
+    ceil = {"rounds_above": above}
+    variant = {"raw_read": {"rounds_above": []}, "raw_write": ceil, "put_vs_raw_write": ratio}
+    disk = {"get_vs_raw_read": {**ratio, "median": 0.95, "min": 0.95}, "put_vs_raw_write": ratio,
+            "variants": {"direct": variant}}
+    return {"models": {"default": {"memory": {"get_vs_memcpy": ratio}, "disk": disk}}, "lookup_ms_128_chunks": 0.2}
+
+
+def test_a_target_on_a_baseline_that_was_no_ceiling_is_not_met() -> None:
+    assert store_bench_report.targets(_synthetic(0.95, []))["default.disk_put"]["met"] is True
+    t = store_bench_report.targets(_synthetic(0.95, [1]))["default.disk_put"]
+    assert t["met"] is False and t["ceiling_held"] is False
+    assert store_bench_report.targets(_synthetic(0.85, []))["default.disk_put"]["met"] is False   # target 0.9
+
+
+@pytest.mark.parametrize("o_direct", [False, True])
+def test_plain_writes_and_reads_move_the_tiers_exact_files(tmp_path: Path, o_direct: bool) -> None:
+    from kvtier.chunk import file_size
+    from kvtier.tiers.disklayout import NamespaceDir
+    chunk = 3 * 2**20 + 4096                                    # header + payload + trailer: not 4 KiB aligned
+    fbytes = file_size(chunk)
+    src = store_bench_files.random_buffer(-(-fbytes // 4096) * 4096, 5)
+    names = [f"{i:02x}" + "ab" * 31 for i in range(3)]
+    for shape in store_bench_raw.WRITE_SHAPES[o_direct]:
+        lay = NamespaceDir(tmp_path / shape)
+        assert store_bench_raw.write_files(lay, names, src, fbytes, o_direct=o_direct, shape=shape, threads=2) > 0
+        files = sorted(lay.chunks.rglob("*.kvc")) if shape == "publish" else sorted(lay.tmp.iterdir())
+        assert len(files) == 3 and (shape != "publish" or list(lay.tmp.iterdir()) == [])
+        want = -(-fbytes // 4096) * 4096 if shape == "padded" else fbytes
+        assert all(f.stat().st_size == want for f in files)
+        assert all(f.read_bytes()[:fbytes] == bytes(src[:fbytes]) for f in files)
+        buf = store_bench_files.aligned_buffer(-(-fbytes // 4096) * 4096)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(4) as pool:
+            for read in store_bench_raw.READ_SHAPES:
+                buf[:fbytes] = bytes(fbytes)
+                assert store_bench_raw.read_file(str(files[0]), buf, fbytes, o_direct=o_direct, shape=read,
+                                                 pool=pool) == fbytes
+                assert bytes(buf[:fbytes]) == bytes(src[:fbytes])
