@@ -295,10 +295,35 @@ class MetricsConfig(_Section):
                       "but loopback exposes cache statistics to the network and is logged at start")
 
 
+class ClaimsConfig(_Section):
+    """Which stored chunks the scheduler claims (``kvtier.integrations.vllm.claim_policy``)."""
+
+    policy: Literal["always", "pays-off"] = Field(
+        default="pays-off", description="always = every chunk any tier holds; pays-off = only the leading "
+        "chunks whose expected load time is at most margin x the time computing them would take (tier read "
+        "speeds measured by the worker, prefill cost from the engine's forward passes or the calibration below)")
+    margin: float = Field(default=1.0, gt=0, description="a chunk is claimed when its expected load time <= margin "
+                          "x its expected compute time (< 1: loads must be clearly faster)")
+    min_samples: float = Field(default=1.5, gt=0, description="reads of a tier (and forward passes of the engine) "
+                               "behind an estimate, each halved every half_life_s, below which it is not used: "
+                               "chunks are then claimed (1.5: two reads, trusted until they fade)")
+    half_life_s: float = Field(default=60.0, gt=0, description="a read sample's weight halves this often: a tier "
+                               "declined as slow is read again once its estimate faded below min_samples")
+    unavailable_s: float = Field(default=10.0, ge=0, description="after a read its tier could not answer (timeout, "
+                                 "backend down, breaker open), its chunks are declined for this long")
+    prefill_per_token_s: float | None = Field(
+        default=None, gt=0, description="the engine's prefill seconds per token (kvtier calibrate's b), used until "
+        "min_samples forward passes are measured; none: chunks are claimed until then")
+    prefill_quadratic_s: float | None = Field(
+        default=None, ge=0, description="seconds per token of attention span (the calibration's c); none: "
+        "2.5e-4 x prefill_per_token_s, the shape measured for the bundled model")
+
+
 class KvtierConfig(_Section):
     store: StoreConfig = StoreConfig()
     connector: ConnectorConfig = ConnectorConfig()
     metrics: MetricsConfig = MetricsConfig()
+    claims: ClaimsConfig = ClaimsConfig()
 
 
 def deep_merge(base: Mapping, over: Mapping) -> dict:

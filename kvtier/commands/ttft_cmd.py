@@ -18,7 +18,8 @@ err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 
 def ttft(
-    lengths: str = typer.Option("1024,4096,8192", help="Comma-separated prompt lengths in tokens (max 8192)."),
+    lengths: str = typer.Option(None, help="Comma-separated prompt lengths in tokens (max 8192; default "
+                                "1024,4096,8192, with --slow-tier 1024)."),
     repeats: str = typer.Option("3", help="Distinct prompts per length (figures are medians): N, or one count "
                                 "per length, e.g. 3,2,1 for 1024,4096,8192."),
     dtype: str = dtype_option(),
@@ -48,8 +49,15 @@ def ttft(
     resume: bool = typer.Option(False, "--resume", help="Keep --workdir and take roles not run now from an "
                                 "earlier invocation there (a long run split into jobs)."),
     diag: bool = typer.Option(False, "--diag", help="One extra hit per kvtier role under cProfile (in --json)."),
+    slow_tier: bool = typer.Option(False, "--slow-tier", help="Instead: a hit from a shared tier slowed so that "
+                                   "loading takes ~2x computing, and at full speed, with claims.policy always "
+                                   "and pays-off, against recompute in the same run."),
+    slow_latency_ms: float = typer.Option(None, "--slow-latency-ms", min=0, help="With --slow-tier: the latency "
+                                          "added to every read and lookup of the slow tier (default: sized from "
+                                          "the run's own recompute time)."),
 ) -> None:
     """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
+    lengths = lengths or ("1024" if slow_tier else "1024,4096,8192")
     try:
         ns = [int(x) for x in lengths.split(",") if x.strip()]
     except ValueError:
@@ -83,6 +91,10 @@ def ttft(
         raise typer.Exit(2)
     workdir = workdir or kvtier_home() / "bench" / "ttft"
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if slow_tier:
+        _slow_tier(model, workdir, ns, reps, choice.dtype, slow_latency_ms, engine_timeout, command,
+                   max_num_batched_tokens, json_path, md_path)
+        return
     report = run_ttft(str(model), workdir, ns, repeats=reps, dtype=choice.dtype, with_example=example,
                       timeout_s=engine_timeout, command=command, log=lambda m: err.print(m), roles=role_list,
                       max_batched=max_num_batched_tokens, with_peers=peers, shared=targets, resume=resume, diag=diag)
@@ -101,6 +113,32 @@ def ttft(
     except TtftCheckFailed as e:
         err.print(f"[red]error: {e}[/]")
         raise typer.Exit(1) from None
+
+
+def _slow_tier(model: Path, workdir: Path, lengths: list[int], reps: dict[int, int], dtype: str,
+               latency_ms: float | None, engine_timeout: float, command: str, max_batched: int,
+               json_path: Path | None, md_path: Path | None) -> None:
+    from kvtier.bench.ttft_slow import report_json, report_markdown, run_slow_tier
+
+    if len(set(reps.values())) != 1:
+        raise typer.BadParameter("--slow-tier takes one --repeats count for every length")
+    report = run_slow_tier(str(model), workdir, lengths, repeats=next(iter(reps.values())), dtype=dtype,
+                           latency_ms=latency_ms, timeout_s=engine_timeout, command=command,
+                           log=lambda m: err.print(m), max_batched=max_batched)
+    md = report_markdown(report)
+    print(md, file=sys.stderr if is_stdout(json_path) else sys.stdout)
+    if is_stdout(json_path):
+        write_json_out(json_path, report_json(report))
+    elif json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(report_json(report), indent=2) + "\n")
+    if md_path:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(md)
+    if report.violations or report.crashes:
+        err.print("[red]error: " + "; ".join(report.violations + [f"{k}: {v}" for k, v in report.crashes.items()])
+                  + "[/]")
+        raise typer.Exit(1)
 
 
 def shared_targets(sharedfs: Path | None, sharedfs_read: Path | None, sharedfs_evict: str, valkey: str,

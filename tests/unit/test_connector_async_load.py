@@ -228,6 +228,9 @@ class _IdleRecorder:
     def take_released(self):
         return set()
 
+    def step_bound(self, meta) -> None:
+        pass
+
 
 def test_connector_hands_the_steps_idle_flag_to_the_worker() -> None:
     """vLLM binds the step's metadata around ``get_finished``; the connector must pass its ``idle``

@@ -47,6 +47,7 @@ from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, m
 from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name
 from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
 from kvtier.integrations.vllm.worker_side import WorkerSide
+from kvtier.read_speed import ReadSpeeds
 
 if TYPE_CHECKING:
     import torch
@@ -153,7 +154,8 @@ class KvtierConnector(KVConnectorBase_V1):
                 request_log=RequestLog(cfg.connector.request_log),
                 worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
                 shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5,
-                kv_events=self._events)
+                kv_events=self._events, claims=cfg.claims, chunk_nbytes=chunk_bytes,
+                async_read_depth=cfg.connector.async_read_depth)
             port = metrics_port(cfg.metrics.port, None)
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
@@ -161,7 +163,9 @@ class KvtierConnector(KVConnectorBase_V1):
                                       promote=cfg.connector.promote, background_cpus=cfg.connector.background_cpus,
                                       promote_min_hits=cfg.connector.promote_min_hits,
                                       always_report=self.namespace.tp_size > 1,
-                                      async_read_depth=cfg.connector.async_read_depth, kv_events=kv_events)
+                                      async_read_depth=cfg.connector.async_read_depth, kv_events=kv_events,
+                                      read_speeds=ReadSpeeds(half_life_s=cfg.claims.half_life_s,
+                                                             unavailable_s=cfg.claims.unavailable_s))
             port = metrics_port(cfg.metrics.port, self.namespace.tp_rank)
         if port:
             serve(port, cfg.metrics.host)
@@ -184,9 +188,18 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._worker is not None:
             self._worker.register(kv_caches)
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if self._worker is not None and isinstance(connector_metadata, KvtierConnectorMetadata):
+            self._worker.step_bound(connector_metadata)     # the step's forward pass is timed from here
+
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         if self._worker is not None and isinstance(meta, KvtierConnectorMetadata):
+            if not any(not p.async_load for p in meta.loads):
+                # vLLM 0.32 calls start_load_kv after the forward pass when the step has no
+                # synchronous load (``SchedulerOutput.has_sync_kv_loads``): the pass has ended
+                self._worker.forward_done()
             self._worker.load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -211,6 +224,7 @@ class KvtierConnector(KVConnectorBase_V1):
         if self._worker is None or not self.has_connector_metadata():
             return
         meta = self._get_connector_metadata()
+        self._worker.forward_done()
         if isinstance(meta, KvtierConnectorMetadata):
             self._worker.save(meta)
         self._worker.end_step()

@@ -11,6 +11,8 @@ from typing import Literal
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorWorkerMetadata
 
+from kvtier.read_speed import TierSpeed, fold
+
 
 @dataclass(frozen=True)
 class LoadChunk:
@@ -55,12 +57,17 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     step's saves out of them; the worker reports them in ``get_finished`` (finished_sending).
     ``idle``: this step scheduled no tokens while an asynchronous load is in flight; the worker's
     ``get_finished`` then waits (GIL released, bounded) for the load instead of letting the
-    engine step again at once."""
+    engine step again at once.
+    ``step_tokens`` / ``step_span``: the work of this step's forward pass (tokens scheduled, and the sum
+    over requests of ``(context + new)^2 - context^2``), set when every scheduled request is known;
+    the worker times the forward pass and reports it back (``KvtierWorkerMetadata.forward``)."""
 
     loads: list[LoadPlan] = field(default_factory=list)
     saves: list[SaveChunk] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)
     idle: bool = False
+    step_tokens: int = 0
+    step_span: int = 0
 
     def is_empty(self) -> bool:
         return not self.loads and not self.saves and not self.releases
@@ -118,7 +125,11 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     even when it has nothing to say, so an empty rank empties the intersection.
 
     ``tier_changes`` (only with KV events enabled): every tier's entries and exits, in order.
-    Folded like the keys: an entry counts where every rank made it, an exit where any rank did."""
+    Folded like the keys: an entry counts where every rank made it, an exit where any rank did.
+
+    ``read_speeds``: this worker's estimate of each tier's reads (``kvtier.read_speed``), sent when it
+    changed; folded with the slower rank. ``forward``: (tokens, span, seconds) of the step's forward
+    pass (the step's ``step_tokens`` / ``step_span``), the slowest rank's."""
 
     pid: int = 0
     loads: dict[str, LoadOutcome] = field(default_factory=dict)
@@ -128,6 +139,8 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     evicted_keys: list[bytes] = field(default_factory=list)
     saves: dict[str, SaveOutcome] = field(default_factory=dict)   # per request, this step (bytes: all ranks)
     tier_changes: list[TierChange] = field(default_factory=list)
+    read_speeds: dict[str, TierSpeed] = field(default_factory=dict)
+    forward: tuple[int, int, float] | None = None
 
     def tier_of(self) -> dict[bytes, str]:
         tiers = self.stored_tiers + [""] * (len(self.stored_keys) - len(self.stored_tiers))
@@ -157,5 +170,9 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         changes = [c for c in self.tier_changes if c.kind != "stored" or c in theirs_in]
         mine_out = {c for c in self.tier_changes if c.kind != "stored"}
         changes += [c for c in other.tier_changes if c.kind != "stored" and c not in mine_out]
+        speeds = dict(self.read_speeds)
+        for tier, sp in other.read_speeds.items():
+            speeds[tier] = fold(speeds[tier], sp) if tier in speeds else sp
+        forward = max((f for f in (self.forward, other.forward) if f is not None), key=lambda f: f[2], default=None)
         return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone,
-                                    saves, changes)
+                                    saves, changes, speeds, forward)

@@ -50,6 +50,9 @@ LOAD_SIZE = Histogram("kvtier_connector_load_size_bytes", "Per-request load size
 LOAD_PHASE_SECONDS = Histogram("kvtier_connector_load_phase_seconds", "Per load step: read (file read + verify, "
                                "summed over reader threads), wait (blocked on reads), copy (into vLLM blocks)",
                                ["phase"], buckets=_LAT)
+CLAIMS_DECLINED = Counter("kvtier_claims_declined", "Chunks a tier held that the scheduler left to recompute "
+                          "(claims.policy pays-off), by tier and reason (slow, unavailable, after_declined)",
+                          ["tier", "reason"])
 SAVE_SECONDS = Histogram("kvtier_connector_save_seconds", "Per-chunk gather + put time", buckets=_LAT)
 
 
@@ -86,6 +89,9 @@ class ConnectorMetrics:
             if generated:
                 GENERATED_STORED_CHUNKS.inc()
                 GENERATED_STORE_BYTES.inc(nbytes)
+
+    def declined(self, tier: str, reason: str, chunks: int) -> None:
+        CLAIMS_DECLINED.labels(tier, reason).inc(chunks)
 
     def error(self, kind: str) -> None:
         ERRORS.labels(kind).inc()

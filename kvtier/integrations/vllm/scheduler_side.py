@@ -30,6 +30,14 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
   includes shared-tier chunks is loaded asynchronously (``load_async``): the request waits
   in vLLM's WAITING_FOR_REMOTE_KVS while others run; ``finished`` delays freeing its blocks
   while that load is in flight.
+- Claims that pay off (``claims.policy: pays-off``, ``claim_policy.py`` via ``claim_gate.py``): of
+  the chunks the tiers hold, the leading ones whose expected load (the worker's measured read speed
+  of their tier, ``read_speeds`` in its reports) saves the most against their expected compute (the
+  engine's forward passes as the worker timed them, ``forward`` in its reports, or the calibration in
+  the config), at most ``margin`` x that compute; the rest are recomputed, counted per (tier,
+  reason) once per request, the decision and its inputs logged at DEBUG. When no claim reaching
+  into the shared tier would pay off, its query time included, the shared tier is not even asked.
+  ``always``: every chunk any tier holds (no estimate is used).
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from kvtier.config import ClaimsConfig
+from kvtier.integrations.vllm.claim_gate import ClaimGate
+from kvtier.integrations.vllm.claim_policy import ClaimDecision
 from kvtier.integrations.vllm.directory import Directory, RemoteLookups
 from kvtier.integrations.vllm.kv_events import KvEvents
 from kvtier.integrations.vllm.request_keys import KEY_FIELDS, KeyFieldsMissing, request_extra
@@ -89,13 +100,16 @@ class _ReqState:
     # while the shared tier's answer is pending: the local part (chunks, tiers) found at the first
     # ask, reused by every "ask again" (no store lookup per engine step)
     local_pending: tuple[int, tuple[str, ...]] | None = None
+    declines_counted: bool = False  # this request's declined chunks were counted (once per request)
+    skip_counted: bool = False      # its shared-tier query was skipped and counted
 
 
 class SchedulerSide:
     def __init__(self, store: LookupStore, namespace: Namespace, *, block_size: int, save: bool,
                  min_hit_chunks: int, save_generated: bool = False, metrics: "ConnectorMetrics | None" = None,
                  request_log: RequestLog | None = None, worker_key_capacity: int = 0,
-                 shared_lookup_timeout_s: float = 0.5, kv_events: KvEvents | None = None) -> None:
+                 shared_lookup_timeout_s: float = 0.5, kv_events: KvEvents | None = None,
+                 claims: "ClaimsConfig | None" = None, chunk_nbytes: int = 0, async_read_depth: int = 2) -> None:
         self.store = store
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -111,9 +125,12 @@ class SchedulerSide:
         # What a worker in ANOTHER process reported in its tiers (invisible here otherwise).
         self.directory = Directory(worker_key_capacity)
         self._block_ids_of = None  # set by bind(); req_id -> list[int] (group 0)
+        # claims that pay off: the worker's read speeds and forward passes -> the claim policy
+        self.gate = ClaimGate(claims or ClaimsConfig(policy="always"), chunk_size=self.chunk_size,
+                              chunk_nbytes=chunk_nbytes, async_read_depth=async_read_depth)
         self._remote: RemoteLookups | None = None
         if store.has_remote():
-            self._remote = RemoteLookups(store.shared_prefix, shared_lookup_timeout_s,
+            self._remote = RemoteLookups(self.gate.timed_query(store.shared_prefix), shared_lookup_timeout_s,
                                          on_timeout=(lambda: metrics.error("shared_lookup_timeout"))
                                          if metrics else None)
         self._loading: set[str] = set()     # requests with an asynchronous load in flight
@@ -181,7 +198,8 @@ class SchedulerSide:
         useful = min(len(st.keys), -(-limit // self.chunk_size))   # chunks that can add tokens
         local = n
         if (self._remote is not None and not st.remote_failed and n < useful
-                and limit > max(n * self.chunk_size, num_computed_tokens)):
+                and limit > max(n * self.chunk_size, num_computed_tokens)
+                and self._worth_asking(st, request, n, tiers, limit, num_computed_tokens)):
             more = self._remote.answer(request.request_id, st.keys, n)
             if more is None:
                 st.local_pending = (n, tiers)
@@ -192,12 +210,45 @@ class SchedulerSide:
         st.stored_chunks = n
         st.tiers = tiers
         hit_tokens = 0 if n < self.min_hit_chunks else min(n * self.chunk_size, limit)
+        if self.gate.pays_off and hit_tokens > num_computed_tokens:
+            hit_tokens = self._paying_tokens(st, request, hit_tokens, num_computed_tokens)
         claim = max(0, hit_tokens - num_computed_tokens)
         st.claim_start, st.claim_end = (num_computed_tokens, hit_tokens) if claim else (0, 0)
         st.claim_async = claim > 0 and hit_tokens > local * self.chunk_size
         if self.metrics:
             self.metrics.lookup()
         return claim
+
+    # -- claims that pay off -------------------------------------------------------------------
+    def _count(self, st: _ReqState, d: ClaimDecision) -> None:
+        if d.declined and not st.declines_counted:    # once per request (vLLM may ask several times)
+            st.declines_counted = True
+            if self.metrics:
+                for (tier, reason), k in d.declined.items():
+                    self.metrics.declined(tier, reason, k)
+
+    def _paying_tokens(self, st: _ReqState, request: Any, hit_tokens: int, computed: int) -> int:
+        """``hit_tokens`` cut to the leading chunks that pay off (``claim_policy.decide``)."""
+        end, d = self.gate.cut(request.request_id, st.tiers, computed, hit_tokens)
+        self._count(st, d)
+        return 0 if -(-end // self.chunk_size) < self.min_hit_chunks else end
+
+    def _worth_asking(self, st: _ReqState, request: Any, n: int, tiers: Sequence[str], limit: int,
+                      computed: int) -> bool:
+        """Whether shared-tier chunks could be claimed at all (``pays-off``): the best claim, were the
+        shared tier to hold every chunk after the ``n`` local ones, with its query still to pay,
+        includes one of them; else the query is skipped, counted once per request as one declined
+        shared-tier chunk."""
+        if not self.gate.pays_off:
+            return True
+        hypothetical = tuple(tiers)[:n] + ("shared",) * max(0, -(-limit // self.chunk_size) - n)
+        end, d = self.gate.cut(request.request_id, hypothetical, computed, limit, ask_shared=True)
+        if end > n * self.chunk_size:
+            return True
+        if end >= min(limit, n * self.chunk_size) and not st.skip_counted and self.metrics:
+            st.skip_counted = True     # the local chunks pay off; the first shared one would not
+            self.metrics.declined("shared", d.reason or "slow", 1)
+        return False
 
     def load_async(self, request: Any) -> bool:
         """Whether the last claim of ``request`` must be loaded asynchronously (shared-tier chunks)."""
@@ -265,7 +316,21 @@ class SchedulerSide:
             meta.releases.append(req_id)
         self._releasing.clear()
         meta.idle = idle and bool(self._loading)
+        meta.step_tokens, meta.step_span = self._step_work(scheduled)
         return meta
+
+    def _step_work(self, scheduled: dict[str, int]) -> tuple[int, int]:
+        """(tokens, span) this step computes: ``sum(new)``, ``sum((context + new)^2 - context^2)``;
+        (0, 0) when a scheduled request is not known here (its context is not)."""
+        tokens = span = 0
+        for req_id, new in scheduled.items():
+            st = self._reqs.get(req_id)
+            if st is None:
+                return 0, 0
+            ctx = st.request.num_computed_tokens
+            tokens += new
+            span += (ctx + new) ** 2 - ctx ** 2
+        return tokens, span
 
     def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: _ReqState) -> list[int]:
         """Turn the request's pending load (if any) into a plan in ``meta``; its block table."""
@@ -391,6 +456,10 @@ class SchedulerSide:
             st = self._reqs.get(req_id)
             if o.failed_tokens and st is not None and st.claim_async:
                 st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
+        if meta.read_speeds:
+            self.gate.on_speeds(meta.read_speeds)
+        if meta.forward is not None:
+            self.gate.on_forward(*meta.forward)
         if self.kv_events is not None:
             self.kv_events.on_changes(meta.tier_changes)
         self.forget_worker_keys(meta.missing_keys)

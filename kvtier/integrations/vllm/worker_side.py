@@ -28,6 +28,13 @@ Contract:
   done in the next ``get_finished`` (finished_sending), whatever became of the saves. Per
   request, what was saved (chunks, bytes, of them generated tokens', failures) is reported in
   the worker metadata (``saves``) and counted in the metrics.
+- Speeds: every chunk read is timed per tier (``kvtier.read_speed.ReadSpeeds``: the tier the
+  store's index names before a local read, ``shared`` for a read the local tiers cannot answer);
+  a read a tier could not answer (timeout, backend down, breaker open) marks it unavailable. The
+  forward pass of each step is timed too: from the binding of the step's metadata (after a
+  synchronous load, when there is one) to ``start_load_kv`` called after the forward (steps without
+  synchronous loads, vLLM 0.32) or ``wait_for_save``. Both go back to the scheduler in the worker
+  metadata (``read_speeds`` when they changed, ``forward``), where the claim policy uses them.
 - Reports (``take_worker_meta``): the store's events (``store.subscribe``) become the keys
   stored/promoted into, and evicted from, this worker's local tiers — the scheduler's
   directory of what is where. A key evicted from one tier but still in another is
@@ -52,7 +59,8 @@ from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome, SaveOutcome
 from kvtier.integrations.vllm.reports import TierReports
 from kvtier.promoter import run_in_thread_on_any_cpu
-from kvtier.tiers.protocol import Deadline
+from kvtier.read_speed import ReadSpeeds
+from kvtier.tiers.protocol import Deadline, Status
 
 if TYPE_CHECKING:
     import torch
@@ -67,8 +75,8 @@ class ChunkStore(Protocol):
 
     def get_into(self, key: Any, out: memoryview, *, promote: bool | None = None,
                  deadline: Deadline | None = None, local_only: bool = False) -> int | None: ...
-    def get_meta_into(self, key: Any, out: memoryview, *, promote: bool | None = None,
-                      deadline: Deadline | None = None, local_only: bool = False) -> Any: ...
+    def read_into(self, keys: Sequence[Any], outs: Sequence[memoryview], deadline: Deadline | None = None, *,
+                  promote: bool | None = None, local_only: bool = False, lent: bool = False) -> list[Any]: ...
     def promote(self, meta: Any, payload: memoryview) -> None: ...
     def put(self, key: Any, parent: Any, payload: Any, *, num_tokens: int, shape: tuple[int, ...],
             dtype: str) -> bool: ...
@@ -84,6 +92,8 @@ class ChunkStore(Protocol):
 #: for a load to finish: the most a request arriving at such an idle engine waits more (vLLM's
 #: EngineCore sleeps 1 ms in such a step; 20 ms is noise next to a load of network chunks).
 IDLE_WAIT_S = 0.02
+#: a forward pass of fewer tokens says little about prefill cost (fixed per-step costs dominate)
+MIN_FORWARD_TOKENS = 64
 
 
 def _natural_key(name: str) -> list:
@@ -95,7 +105,7 @@ class WorkerSide:
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
                  promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2,
                  always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH,
-                 kv_events: bool = False) -> None:
+                 kv_events: bool = False, read_speeds: ReadSpeeds | None = None) -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -127,6 +137,11 @@ class WorkerSide:
         self._failed_async_now: list[str] = []
         self._saved: dict[str, SaveOutcome] = {}    # this step's saves per request (reported once)
         self._released: set[str] = set()             # finished requests whose blocks vLLM may free now
+        self.speeds = read_speeds if read_speeds is not None else ReadSpeeds()
+        self._speeds_sent = -1                       # ReadSpeeds.version last reported
+        # this step's forward pass: [tokens, span, start, end] (perf_counter seconds)
+        self._fwd: list | None = None
+        self._forward: tuple[int, int, float] | None = None
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
@@ -195,6 +210,8 @@ class WorkerSide:
         """(prefetch thread) Fill ``buf`` with chunk ``key`` from the local tiers only (a
         synchronous load never waits on the network); (ok, error kind)."""
         promote = False if self.promote_background else None
+        tier = self.store.where(key)
+        t0 = time.perf_counter()
         try:
             n = self.store.get_into(key, self._bytes(buf), promote=promote, local_only=True)
         except Exception as e:  # a broken tier is a miss
@@ -204,6 +221,8 @@ class WorkerSide:
             return False, "miss"
         if n != self.chunk_nbytes:
             return False, "size"
+        if tier is not None:
+            self.speeds.record(tier, n, time.perf_counter() - t0)
         return True, None
 
     @property
@@ -250,6 +269,8 @@ class WorkerSide:
                 log.warning("kvtier: queueing promotions failed: %s", e)
         times = self.last_load = res.times
         times.total = time.perf_counter() - t0
+        if self._fwd is not None:
+            self._fwd[2] = time.perf_counter()      # the forward pass starts after this load
         if self.metrics:
             self.metrics.load_phases(times.read, times.wait, times.copy)
         log.debug("kvtier: load %s", times.line())
@@ -313,18 +334,23 @@ class WorkerSide:
     def _read_async(self, key: bytes, buf: "torch.Tensor", deadline: float) -> tuple[bool, str | None, Any]:
         """(reader thread) Read ``key`` top-down into ``buf``; the meta to promote when it came from
         the shared tier (the loader promotes in request order, after the block copy)."""
-        local = self.store.where(key) is not None
+        tier = self.store.where(key)
+        t0 = time.perf_counter()
         try:
-            meta = self.store.get_meta_into(key, self._bytes(buf), promote=False, deadline=Deadline(deadline),
-                                            lent=True)   # the loader drops its ring after a failed read
+            res = self.store.read_into([key], [self._bytes(buf)], Deadline(deadline), promote=False,
+                                       lent=True)[0]   # the loader drops its ring after a failed read
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
             return False, "store_exception", None
+        meta = res.meta if res.status is Status.HIT else None
         if meta is None:
+            if res.status is Status.UNAVAILABLE:
+                self.speeds.failed(tier or "shared")
             return False, "miss", None
         if meta.payload_len != self.chunk_nbytes:
             return False, "size", None
-        return True, None, None if local else meta
+        self.speeds.record(tier or "shared", meta.payload_len, time.perf_counter() - t0)
+        return True, None, None if tier is not None else meta
 
     @property
     def _async_buf(self) -> "list[torch.Tensor] | None":
@@ -363,6 +389,23 @@ class WorkerSide:
                         self.metrics.error("load_" + d.outcome.error)
         return done_ids
 
+    # -- the step's forward pass -------------------------------------------------------------
+    def step_bound(self, meta: KvtierConnectorMetadata) -> None:
+        """vLLM bound this step's metadata: its forward pass starts now (or after a synchronous load).
+        Timed on CPU engines only: on a GPU the host returns before the kernels ran, so the time
+        would not be the compute's (there the configured calibration is used, or nothing is declined)."""
+        on_cpu = bool(self.layers) and self.layers[0].device.type == "cpu"
+        self._fwd = [meta.step_tokens, meta.step_span, time.perf_counter(), None] \
+            if on_cpu and meta.step_tokens >= MIN_FORWARD_TOKENS else None
+
+    def forward_done(self) -> None:
+        """The forward pass of the bound step has ended (first call only)."""
+        f = self._fwd
+        if f is not None and f[3] is None:
+            f[3] = time.perf_counter()
+            self._forward = (int(f[0]), int(f[1]), f[3] - f[2])
+            self._fwd = None
+
     # -- reports -----------------------------------------------------------------------------
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -374,12 +417,16 @@ class WorkerSide:
     def take_worker_meta(self) -> KvtierWorkerMetadata | None:
         stored, evicted = self.reports.take()
         changes = self.reports.take_changes() if self.reports.track_changes else []
-        if not (self._outcomes or stored or evicted or self._missing or self._saved or changes
-                or self.always_report):
+        version = self.speeds.version
+        speeds = self.speeds.snapshot() if version != self._speeds_sent else {}
+        forward, self._forward = self._forward, None
+        if not (self._outcomes or stored or evicted or self._missing or self._saved or changes or speeds
+                or forward or self.always_report):
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
-                                    list(stored.values()), evicted, self._saved, changes)
+                                    list(stored.values()), evicted, self._saved, changes, speeds, forward)
         self._outcomes, self._missing, self._saved = {}, [], {}
+        self._speeds_sent = version
         return meta
 
     def close(self) -> None:
