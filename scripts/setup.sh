@@ -15,11 +15,13 @@ log() { printf "[setup %4ds] %s\n" "$SECONDS" "$*"; }   # seconds since set-up b
 import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)
 PYEOF
 
-# System packages the test services need (tests/services): fuse3 for JuiceFS mounts, libibverbs1 for
+# System packages the local services need (kvtier/services, tests/services): fuse3 for JuiceFS mounts, haproxy
+# for the cluster demo's load balancer, libibverbs1 for
 # Mooncake's binaries (loaded even for TCP); libtcmalloc-minimal4: the malloc vLLM's CPU docs advise
 # (LD_PRELOAD; the soak runs with it, see benchmarks/soak/README.md). Installed only when missing; CI runs as root.
 apt_pkgs=()
 command -v fusermount3 >/dev/null 2>&1 || apt_pkgs+=(fuse3)
+command -v haproxy >/dev/null 2>&1 || apt_pkgs+=(haproxy)
 ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1' || apt_pkgs+=(libibverbs1)
 ldconfig -p 2>/dev/null | grep -q 'libtcmalloc_minimal\.so\.4' || apt_pkgs+=(libtcmalloc-minimal4)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then

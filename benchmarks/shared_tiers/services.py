@@ -64,7 +64,7 @@ def services(tmp: Path, pool_bytes: int, which: set[str],
     ``reader_mount_options``: extra `juicefs mount` options of mount b (``()``: JuiceFS's defaults)."""
     from common import juicefs_volume
     from tests.services.mooncake import MooncakeCluster
-    from tests.services.valkey_server import ValkeyServer
+    from kvtier.services.valkey_server import ValkeyServer
 
     with contextlib.ExitStack() as stack:
         ep = Endpoints()

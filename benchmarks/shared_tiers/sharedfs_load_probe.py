@@ -65,7 +65,7 @@ def proc_cpu(pid: int) -> float:
 
 
 def client_pids(mount) -> list[int]:
-    from tests.services.juicefs import _children
+    from kvtier.services.juicefs import _children
     return [mount.pid, *_children(mount.pid)]
 
 

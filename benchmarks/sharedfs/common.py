@@ -107,8 +107,8 @@ def summary(xs: list[float]) -> dict:
 @contextlib.contextmanager
 def juicefs_volume(tmp: Path | None = None) -> Iterator[tuple[object, object]]:
     """(JuiceFs, its meta ValkeyServer), started from the test harness; stopped on exit."""
-    from tests.services.juicefs import JuiceFs
-    from tests.services.valkey_server import ValkeyServer
+    from kvtier.services.juicefs import JuiceFs
+    from kvtier.services.valkey_server import ValkeyServer
 
     tmp = Path(tmp or tempfile.mkdtemp(prefix="kvtier-sfs-bench-"))
     meta = ValkeyServer.start(tmp, password="bench-meta", policy="noeviction", name="juicefs-meta")

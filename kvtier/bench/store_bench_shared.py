@@ -83,7 +83,7 @@ def _local(backend: str, volume: int) -> Iterator[dict]:
         sys.path.insert(0, str(root))
     try:
         from tests.services.mooncake import MooncakeCluster
-        from tests.services.valkey_server import ValkeyServer
+        from kvtier.services.valkey_server import ValkeyServer
     except ImportError as exc:
         raise SystemExit(f"error: no --{backend} endpoint given and the test-service harness is not importable "
                          f"({exc})") from None

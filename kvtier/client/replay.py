@@ -12,6 +12,10 @@ Load modes:
 - open:   new conversations arrive as a Poisson process of ``rate`` per second (seeded).
 - trace:  conversation i starts at ``arrival_s * time_scale``.
 
+Routing: by default every request goes to ``url`` (a server, or a balancer in front of several);
+with a ``RequestRouter`` the client picks the server per request (``pick`` before sending,
+``finished`` after the answer, failed or not), a client-side router such as ``kvtier.client.router``.
+
 Bounds: ``max_requests`` (requests issued) and ``duration_s`` (no request is sent after
 it; in-flight requests get ``drain_timeout_s`` to finish, then are cancelled and counted).
 A connection failure stops the run with a clear reason when ``stop_on_connect_error``
@@ -27,12 +31,12 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Protocol, Sequence
 
 import httpx
 
-from kvtier.client.stream import (CONNECT_ERROR, ClientOptions, RequestRecord, discover_model, make_http_client,
-                                 send_turn)
+from kvtier.client.stream import (CONNECT_ERROR, ClientOptions, Message, RequestRecord, discover_model,
+                                 make_http_client, send_turn)
 from kvtier.client.history import HISTORY_MODES, HistoryError, HistoryMode, check_history, live_messages, live_reply
 from kvtier.client.server_metrics import scrape_all, server_delta
 from kvtier.client.summary import summarize
@@ -43,6 +47,19 @@ Mode = Literal["closed", "open", "trace"]
 
 class ReplayError(RuntimeError):
     """The replay could not run (unreachable server, bad workload, bad options)."""
+
+
+class RequestRouter(Protocol):
+    """Chooses the server of each request (client-side routing)."""
+
+    def pick(self, conv: Conversation, k: int, messages: list[Message] | None) -> tuple[str, str]:
+        """(replica name, server root URL) for turn ``k`` of ``conv``; ``messages``: the chat messages
+        about to be sent (None: the workload's own, ``conv.chat_messages(k)`` or its token ids)."""
+        ...
+
+    def finished(self, replica: str) -> None:
+        """The request ``pick`` sent to ``replica`` has ended (answered or failed)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -95,8 +112,9 @@ class _Run:
     """Shared state of one replay: the request budget, the clock and the stop signal."""
 
     def __init__(self, client: httpx.AsyncClient, model: str, opts: ReplayOptions,
-                 on_record: Callable[[RequestRecord], None]):
+                 on_record: Callable[[RequestRecord], None], router: RequestRouter | None = None):
         self.client, self.model, self.opts, self.on_record = client, model, opts, on_record
+        self.router = router
         self.t0 = time.perf_counter()
         self.deadline = self.t0 + opts.duration_s if opts.duration_s else None
         self.stopped = asyncio.Event()
@@ -150,13 +168,20 @@ class _Run:
             self.issued += 1
             if k == 0:
                 self.conversations_started += 1
-            if self.opts.history == "live":
-                msgs, fallbacks = live_messages(conv, k, replies)
+            live = self.opts.history == "live"
+            msgs, fallbacks = live_messages(conv, k, replies) if live else (None, 0)
+            replica = url = None
+            if self.router is not None:
+                replica, url = self.router.pick(conv, k, msgs)
+            try:
                 rec = await send_turn(self.client, self.model, conv, k, self.opts.client, self.t0, msgs,
-                                      history="live", history_fallbacks=fallbacks)
+                                      history=self.opts.history, history_fallbacks=fallbacks, url=url,
+                                      replica=replica)
+            finally:
+                if self.router is not None and replica is not None:
+                    self.router.finished(replica)
+            if live:
                 replies.append(live_reply(rec))
-            else:
-                rec = await send_turn(self.client, self.model, conv, k, self.opts.client, self.t0)
             prev_end = self.now()
             self.records.append(rec)
             self.on_record(rec)
@@ -187,8 +212,10 @@ def _arrivals(convs: list[Conversation], opts: ReplayOptions) -> Iterator[tuple[
 
 async def replay_conversations(convs: Sequence[Conversation], url: str, opts: ReplayOptions,
                                on_record: Callable[[RequestRecord], None] = lambda r: None,
-                               progress: Callable[[RequestRecord], None] | None = None) -> ReplayResult:
-    """Replay already-loaded conversations against ``url`` (the server root)."""
+                               progress: Callable[[RequestRecord], None] | None = None,
+                               router: RequestRouter | None = None) -> ReplayResult:
+    """Replay already-loaded conversations against ``url`` (the server root; with ``router``, the
+    server the model is discovered on and the metrics scraped from, each request to the router's pick)."""
     opts.validate()
     try:
         check_history(opts.history, convs)
@@ -216,7 +243,7 @@ async def replay_conversations(convs: Sequence[Conversation], url: str, opts: Re
             if progress:
                 progress(rec)
 
-        run = _Run(client, model, opts, record)
+        run = _Run(client, model, opts, record, router)
         tasks: set[asyncio.Task] = set()
         cancelled = 0
         try:

@@ -15,6 +15,11 @@ streams token ids (vLLM with ``return_token_ids: true`` in the body, e.g. throug
 ``ClientOptions.extra_body``) they are kept too: ``prompt_token_ids`` (the prompt as the server
 tokenized it) and ``token_ids`` (the generated ids), else both stay ``None``.
 
+Cluster runs: ``ClientOptions.conversation_header`` sends the conversation id in that header (a
+balancer hashes it for sticky routing); ``served_by_header`` names the response header a balancer
+sets to the replica that served the request, kept in ``replica``; ``send_turn(url=...)`` sends to
+that server instead of the client's base URL (a client-side router), and ``replica`` then names it.
+
 Failures never raise: they are recorded as ``error_kind`` in
 {connect, timeout, http_<status>, disconnect, incomplete, stream_error, bad_response}.
 """
@@ -59,6 +64,7 @@ class RequestRecord:
     reply: str | None = None                 # the generated text as streamed (None: nothing arrived)
     prompt_token_ids: list[int] | None = None  # only when the server streams them (vLLM return_token_ids)
     token_ids: list[int] | None = None       # the generated ids, idem
+    replica: str | None = None               # which server served it (balancer header or the router's choice)
 
     @property
     def ok(self) -> bool:
@@ -78,6 +84,8 @@ class ClientOptions:
     connect_timeout_s: float = 10.0
     ignore_eos: bool = True          # vLLM extension: every config decodes exactly max_tokens
     extra_body: tuple[tuple[str, Any], ...] = ()
+    conversation_header: str | None = None   # send the conversation id in this header (sticky balancing)
+    served_by_header: str | None = None      # response header naming the replica that served (-> replica)
 
 
 def request_body(model: str, conv: Conversation, k: int, opts: ClientOptions,
@@ -141,17 +149,22 @@ def _apply_usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
 
 async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k: int,
                     opts: ClientOptions, run_t0: float, messages: list[Message] | None = None,
-                    history: str = "workload", history_fallbacks: int = 0) -> RequestRecord:
+                    history: str = "workload", history_fallbacks: int = 0,
+                    url: str | None = None, replica: str | None = None) -> RequestRecord:
     """Send turn ``k`` of ``conv`` (with ``messages`` when given, see ``request_body``) and stream
-    the answer. Never raises (except cancellation)."""
+    the answer; to ``url`` (a server root, named ``replica``) instead of the client's base URL when
+    given. Never raises (except cancellation)."""
     path, body = request_body(model, conv, k, opts, messages)
     rec = RequestRecord(conversation_id=conv.id, turn=k, api="completions" if "prompt" in body else "chat",
                         start_s=0.0, max_tokens=body.get("max_tokens"), workload_max_tokens=conv.turns[k].max_tokens,
                         overrides=sorted(name for name, _ in opts.extra_body), history=history,
-                        history_fallbacks=history_fallbacks)
+                        history_fallbacks=history_fallbacks, replica=replica)
     pieces: list[str] = []
-    request = client.build_request("POST", path, content=json.dumps(body).encode(),
-                                   headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if opts.conversation_header:
+        headers[opts.conversation_header] = conv.id
+    target = f"{url.rstrip('/')}{path}" if url else path
+    request = client.build_request("POST", target, content=json.dumps(body).encode(), headers=headers)
     t0 = time.perf_counter()
     rec.start_s = t0 - run_t0
     first_choice: float | None = None
@@ -160,6 +173,8 @@ async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k
     try:
         async with asyncio.timeout(opts.request_timeout_s):
             resp = await client.send(request, stream=True)
+            if opts.served_by_header and resp.headers.get(opts.served_by_header):
+                rec.replica = resp.headers[opts.served_by_header]
             try:
                 if resp.status_code != 200:
                     detail = (await resp.aread()).decode(errors="replace")[:300]
@@ -217,7 +232,7 @@ async def send_turn(client: httpx.AsyncClient, model: str, conv: Conversation, k
     except httpx.TimeoutException as e:
         rec.error_kind, rec.error, rec.timed_out = "timeout", f"{type(e).__name__}: {e}", True
     except httpx.ConnectError as e:
-        rec.error_kind, rec.error = CONNECT_ERROR, f"cannot connect to {client.base_url}: {e}"
+        rec.error_kind, rec.error = CONNECT_ERROR, f"cannot connect to {url or client.base_url}: {e}"
     except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
         rec.error_kind, rec.error = "disconnect", f"{type(e).__name__}: {e}"
     except httpx.HTTPError as e:

@@ -1,5 +1,5 @@
 """``kvtier demo companion`` (AI-companion chat; bare ``kvtier demo`` runs it too), ``kvtier demo longdoc``,
-``kvtier demo slo``."""
+``kvtier demo slo``, ``kvtier demo cluster``."""
 
 from __future__ import annotations
 
@@ -146,6 +146,80 @@ def slo(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _SLO_QUICK, dty
     vanilla vs kvtier RAM+SSD, at three or more document lengths. The run is shrunk towards --minutes
     (fixed-point users, warm-up, requests per user; never the repeats or lengths) and says its estimate."""
     _run("slo", out, json_path, _options(quick, minutes, calibration), dtype)
+
+
+def _csv(value: str, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
+    """A comma-separated choice list; None when empty; BadParameter naming the unknown values."""
+    items = tuple(x.strip() for x in value.split(",") if x.strip())
+    bad = [x for x in items if x not in allowed]
+    if bad:
+        raise typer.BadParameter(f"unknown value(s) {', '.join(bad)}; choose from {', '.join(allowed)}",
+                                 param_hint=flag)
+    return items or None
+
+
+@demo_app.command("cluster")
+def cluster(out: Path = _OUT, json_path: Path = _JSON,
+            quick: bool = typer.Option(False, "--quick", help="A smaller run (about 6 minutes): fewer requests, "
+                                       "configurations local and shared (every routing mode)."),
+            replicas: int = typer.Option(2, "--replicas", help="vLLM replicas on this host, one per core."),
+            workload: str = typer.Option("companion", "--workload", help="companion (multi-turn chat) or longdoc "
+                                         "(many users asking about the same documents)."),
+            configs: str = typer.Option("", "--configs", help="Comma-separated subset of vanilla,local,shared "
+                                        "(default: all; --quick: local,shared)."),
+            routing: str = typer.Option("", "--routing", help="Comma-separated subset of roundrobin,sticky,kv-aware "
+                                        "(default: all; vanilla has no kv-aware run)."),
+            shared: str = typer.Option("juicefs", "--shared", help="The shared tier: juicefs (one mount per replica) "
+                                       "or valkey."),
+            history: str = _HISTORY, calibration: Path = _CALIBRATION, dtype: str = dtype_option()) -> None:
+    """N vLLM replicas behind HAProxy (round-robin, sticky) or a KV-aware router: vanilla vs kvtier local
+    tiers vs local + shared tier, cluster hit rate against the single-machine ideal."""
+    from kvtier.demo.cluster import ROUTINGS, ClusterOptions
+    from kvtier.demo.cluster_replicas import CONFIGS
+
+    if replicas < 1:
+        raise typer.BadParameter(f"must be >= 1, got {replicas}", param_hint="--replicas")
+    opts = ClusterOptions(replicas=replicas, quick=quick, workload=workload, configs=_csv(configs, "--configs", CONFIGS),
+                          routing=_csv(routing, "--routing", ROUTINGS), shared=shared, history=history,
+                          calibration=calibration)
+    from kvtier.demo.common import DemoError
+
+    try:
+        opts.validate()
+    except DemoError as e:
+        raise typer.BadParameter(str(e)) from None
+    _run_cluster(out, json_path, opts, dtype)
+
+
+def _run_cluster(out: Path | None, json_path: Path | None, opts, dtype: str) -> None:
+    from kvtier.demo import cluster as module
+    from kvtier.demo.calibrate import CalibrationError
+    from kvtier.demo.common import DemoError, console, model_facts, results_dir, write_json
+    from kvtier.model import ModelError, ensure_model
+    from kvtier.server import ServerError
+    from kvtier.services._proc import ServiceMissing
+    from kvtier.services.haproxy import HaproxyError
+
+    if is_stdout(json_path):
+        human_to_stderr(console)
+    choice = resolve_cli_dtype(dtype)
+    try:
+        with console.status("preparing the bundled model"):
+            facts = model_facts(ensure_model(), choice.dtype)
+        folder = results_dir(out, "demo-cluster")
+        console.print(f"results folder: {folder.resolve()}")
+        doc = module.run(folder, facts, opts)
+    except (DemoError, CalibrationError, ModelError, ServerError, ServiceMissing, HaproxyError, OSError) as e:
+        typer.echo(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", err=True)
+        raise typer.Exit(1)
+    if is_stdout(json_path):
+        write_json_out(json_path, doc)
+    elif json_path is not None:
+        write_json(json_path, doc)
+    if doc.get("problems"):
+        typer.echo(f"error: {'; '.join(doc['problems'])}", err=True)
+        raise typer.Exit(1)
+    console.print(f"[green]done[/]: results in {folder.resolve()}")
 
 
 def register(app: typer.Typer) -> None:

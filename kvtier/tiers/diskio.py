@@ -210,9 +210,9 @@ def write_chunk_file(path: str, header: bytes | bytearray, payload: memoryview,
         body = plen // ALIGN * ALIGN if direct else plen
         parts = [hdr, payload[:body]]
         if plen >= PIPELINE_MIN:
-            # this thread issues the write at once; a helper hashes meanwhile (much shorter than the
+            # this thread issues the write at once; a pool thread hashes meanwhile (much shorter than the
             # write, so its result is waiting when the write returns: no thread wake-up on the
-            # critical path). Never return while the helper may still read the caller's buffer.
+            # critical path). Never return while the pool thread may still read the caller's buffer.
             fut = _io_pool().submit(checksum, hdr, payload)
             try:
                 _writev_all(fd, parts)

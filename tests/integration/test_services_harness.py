@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from tests.services.fixtures import juicefs, mooncake, valkey_cluster, valkey_password_server, valkey_server  # noqa: F401
-from tests.services.juicefs import JuiceFs
+from kvtier.services.juicefs import JuiceFs
 from tests.services.mooncake import MooncakeCluster
-from tests.services.valkey_server import ValkeyCluster, ValkeyServer
+from kvtier.services.valkey_server import ValkeyCluster, ValkeyServer
 
 pytestmark = pytest.mark.integration
 

@@ -26,9 +26,9 @@ from pathlib import Path
 import pytest
 
 from tests.services.fixtures import started
-from tests.services.juicefs import JuiceFs
+from kvtier.services.juicefs import JuiceFs
 from tests.services.mooncake import MooncakeCluster
-from tests.services.valkey_server import ValkeyServer
+from kvtier.services.valkey_server import ValkeyServer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

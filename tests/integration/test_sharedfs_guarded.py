@@ -14,7 +14,7 @@ from kvtier.config import load_config
 from kvtier.store import TieredStore
 from kvtier.tiers.protocol import Deadline, Status
 from tests.services.fixtures import juicefs  # noqa: F401
-from tests.services.juicefs import JuiceFs
+from kvtier.services.juicefs import JuiceFs
 from tests.unit.sharedfs_helpers import NS, P, chain, open_tier, write_all
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ import pytest
 from kvtier.metrics import Telemetry
 from kvtier.tiers.protocol import Deadline, Status
 from tests.services.fixtures import juicefs  # noqa: F401
-from tests.services.juicefs import JuiceFs
+from kvtier.services.juicefs import JuiceFs
 from tests.unit.sharedfs_helpers import P, bufs, chain, open_tier, write_all
 
 pytestmark = pytest.mark.integration

@@ -50,9 +50,9 @@ import pytest
 
 from kvtier.server import ServerSpec, VllmServer, check_spec, launch_env
 from tests.services.fixtures import juicefs, started, valkey_password_server, valkey_server  # noqa: F401
-from tests.services.juicefs import JuiceFs
+from kvtier.services.juicefs import JuiceFs
 from tests.services.mooncake import MooncakeCluster
-from tests.services.valkey_server import ValkeyServer
+from kvtier.services.valkey_server import ValkeyServer
 
 pytestmark = pytest.mark.integration
 

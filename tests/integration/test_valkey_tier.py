@@ -12,7 +12,7 @@ from kvtier.tiers.protocol import Deadline, Status
 from kvtier.tiers.valkey import ValkeyTier
 from tests.services.chunks import NS, buffers, chain, items
 from tests.services.fixtures import valkey_cluster, valkey_password_server, valkey_server  # noqa: F401
-from tests.services.valkey_server import ValkeyServer
+from kvtier.services.valkey_server import ValkeyServer
 
 pytestmark = pytest.mark.integration
 

@@ -15,11 +15,11 @@ from kvtier.config import ValkeyConfig
 from kvtier.metrics import Telemetry
 from kvtier.tiers.protocol import Deadline, Status
 from kvtier.tiers.valkey import ValkeyTier
-from tests.services._proc import free_port
+from kvtier.services._proc import free_port
 from tests.services.chunks import NS, buffers, chain, items
 from tests.services.fixtures import valkey_password_server  # noqa: F401
 from tests.services.tls_proxy import Pki, TlsProxy
-from tests.services.valkey_server import ValkeyServer, valkey_binary
+from kvtier.services.valkey_server import ValkeyServer, valkey_binary
 
 pytestmark = pytest.mark.integration
 

@@ -13,10 +13,10 @@ from typing import Callable, Iterator, TypeVar
 
 import pytest
 
-from tests.services._proc import ServiceMissing
-from tests.services.juicefs import JuiceFs
+from kvtier.services._proc import ServiceMissing
+from kvtier.services.juicefs import JuiceFs
 from tests.services.mooncake import MooncakeCluster
-from tests.services.valkey_server import ValkeyCluster, ValkeyServer
+from kvtier.services.valkey_server import ValkeyCluster, ValkeyServer
 
 T = TypeVar("T")
 

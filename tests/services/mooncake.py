@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.services._proc import (HOST, ServiceMissing, free_port, kill_proc, port_open, signal_proc, spawn,
+from kvtier.services._proc import (HOST, ServiceMissing, free_port, kill_proc, port_open, signal_proc, spawn,
                                   stop_proc, wait_until)
 
 _HINT = "pip install mooncake-transfer-engine-non-cuda (the `services` extra) and apt-get install libibverbs1"

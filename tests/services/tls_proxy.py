@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.services._proc import HOST
+from kvtier.services._proc import HOST
 
 
 @dataclass(frozen=True)

