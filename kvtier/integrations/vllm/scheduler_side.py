@@ -11,10 +11,8 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
   computed in this step (chunked prefill: only chunks complete after this step).
 - Chunks the store already holds are never saved again; preemption restarts the request
   (vLLM calls ``num_new_matched_tokens`` again); ``finished`` (also abort) drops its state.
-- ``save_generated``: the request's keys grow with its known tokens (``all_token_ids``: prompt +
-  sampled tokens, never spec-decode drafts or async-scheduling placeholders), so the full chunks
-  covering generated tokens are saved as decode fills them, with the same chained keys a next
-  turn's prompt (the same ids up to the end of the reply) looks up. The last sampled token has no
+- ``save_generated``: the chunks covering generated tokens are saved as decode fills them
+  (``step_plans.py``: the per-request state, load and save plans). The last sampled token has no
   KV yet. A chunk completed in a step whose tokens were not known at scheduling (async
   scheduling) is saved at ``finished``: vLLM keeps the blocks (delay_free_blocks) until the worker
   has copied them (``releases`` -> finished_sending).
@@ -44,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from kvtier.config import ClaimsConfig
@@ -54,14 +51,9 @@ from kvtier.integrations.vllm.directory import Directory, RemoteLookups
 from kvtier.integrations.vllm.kv_events import KvEvents
 from kvtier.integrations.vllm.request_keys import KEY_FIELDS, KeyFieldsMissing, request_extra
 from kvtier.integrations.vllm.request_log import RequestLog
-from kvtier.integrations.vllm.metadata import (
-    KvtierConnectorMetadata,
-    KvtierWorkerMetadata,
-    LoadChunk,
-    LoadPlan,
-    SaveChunk,
-)
-from kvtier.keys import ChunkKey, Namespace, chunk_keys, extend_chunk_keys
+from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, SaveChunk
+from kvtier.integrations.vllm.step_plans import RequestState, SavePlanner, load_plan, step_work
+from kvtier.keys import ChunkKey, Namespace, chunk_keys
 
 if TYPE_CHECKING:
     from kvtier.integrations.vllm.metrics import ConnectorMetrics
@@ -82,28 +74,6 @@ class LookupStore(Protocol):
     def shared_prefix(self, keys: Sequence[ChunkKey], deadline: Any) -> Any: ...
 
 
-@dataclass
-class _ReqState:
-    request: Any
-    keys: list[ChunkKey]            # prompt chunks; with save_generated grown over generated tokens
-    extra: bytes = b""
-    stored_chunks: int = 0          # leading chunks the store held at the last lookup
-    claim_start: int = 0            # last claim: [claim_start, claim_end) tokens
-    claim_end: int = 0
-    pending_load: tuple[int, int] | None = None
-    next_save_chunk: int = 0
-    claimed_total: int = 0
-    tiers: tuple[str, ...] = field(default_factory=tuple)
-    claim_async: bool = False       # the last claim includes shared-tier chunks
-    pending_async: bool = False
-    remote_failed: bool = False     # a load from the shared tier failed: never claim from it again
-    # while the shared tier's answer is pending: the local part (chunks, tiers) found at the first
-    # ask, reused by every "ask again" (no store lookup per engine step)
-    local_pending: tuple[int, tuple[str, ...]] | None = None
-    declines_counted: bool = False  # this request's declined chunks were counted (once per request)
-    skip_counted: bool = False      # its shared-tier query was skipped and counted
-
-
 class SchedulerSide:
     def __init__(self, store: LookupStore, namespace: Namespace, *, block_size: int, save: bool,
                  min_hit_chunks: int, save_generated: bool = False, metrics: "ConnectorMetrics | None" = None,
@@ -120,7 +90,7 @@ class SchedulerSide:
         self.min_hit_chunks = min_hit_chunks
         self.metrics = metrics
         self.log = request_log or RequestLog(None)
-        self._reqs: dict[str, _ReqState] = {}
+        self._reqs: dict[str, RequestState] = {}
         self._refused: set[str] = set()       # requests not cached: a key field is missing (counted once)
         # What a worker in ANOTHER process reported in its tiers (invisible here otherwise).
         self.directory = Directory(worker_key_capacity)
@@ -136,12 +106,14 @@ class SchedulerSide:
         self._loading: set[str] = set()     # requests with an asynchronous load in flight
         self._releasing: dict[str, list[SaveChunk]] = {}   # finished: saves to ship, then free the blocks
         self.kv_events = kv_events if kv_events is not None and kv_events.enabled else None
+        self.save_plans = SavePlanner(store, self.directory, namespace, block_size=block_size,
+                                      save_generated=self.save_generated, metrics=metrics, kv_events=self.kv_events)
 
     def bind(self, block_ids_of) -> None:
         self._block_ids_of = block_ids_of
 
     # -- lookup ----------------------------------------------------------------------------
-    def _state(self, request: Any) -> _ReqState | None:
+    def _state(self, request: Any) -> RequestState | None:
         st = self._reqs.get(request.request_id)
         if st is None or st.request is not request:
             tokens = request.prompt_token_ids
@@ -157,7 +129,7 @@ class SchedulerSide:
                     if self.metrics:
                         self.metrics.error("key_fields_missing")
                 return None
-            st = _ReqState(request, chunk_keys(self.namespace, tokens, extra), extra)
+            st = RequestState(request, chunk_keys(self.namespace, tokens, extra), extra)
             self._reqs[request.request_id] = st
         return st
 
@@ -220,20 +192,20 @@ class SchedulerSide:
         return claim
 
     # -- claims that pay off -------------------------------------------------------------------
-    def _count(self, st: _ReqState, d: ClaimDecision) -> None:
+    def _count(self, st: RequestState, d: ClaimDecision) -> None:
         if d.declined and not st.declines_counted:    # once per request (vLLM may ask several times)
             st.declines_counted = True
             if self.metrics:
                 for (tier, reason), k in d.declined.items():
                     self.metrics.declined(tier, reason, k)
 
-    def _paying_tokens(self, st: _ReqState, request: Any, hit_tokens: int, computed: int) -> int:
+    def _paying_tokens(self, st: RequestState, request: Any, hit_tokens: int, computed: int) -> int:
         """``hit_tokens`` cut to the leading chunks that pay off (``claim_policy.decide``)."""
         end, d = self.gate.cut(request.request_id, st.tiers, computed, hit_tokens)
         self._count(st, d)
         return 0 if -(-end // self.chunk_size) < self.min_hit_chunks else end
 
-    def _worth_asking(self, st: _ReqState, request: Any, n: int, tiers: Sequence[str], limit: int,
+    def _worth_asking(self, st: RequestState, request: Any, n: int, tiers: Sequence[str], limit: int,
                       computed: int) -> bool:
         """Whether shared-tier chunks could be claimed at all (``pays-off``): the best claim, were the
         shared tier to hold every chunk after the ``n`` local ones, with its query still to pay,
@@ -310,36 +282,24 @@ class SchedulerSide:
                 continue
             table = self._emit_load(meta, req_id, st)
             if self.save:   # num_computed_tokens is pre-step here
-                meta.saves.extend(self._saves_upto(req_id, st, st.request.num_computed_tokens + num_new, table))
+                computed = st.request.num_computed_tokens + num_new
+                meta.saves.extend(self.save_plans.saves_upto(req_id, st, computed, table))
         for req_id, saves in self._releasing.items():    # finished requests: last chunks, then free
             meta.saves.extend(saves)
             meta.releases.append(req_id)
         self._releasing.clear()
         meta.idle = idle and bool(self._loading)
-        meta.step_tokens, meta.step_span = self._step_work(scheduled)
+        meta.step_tokens, meta.step_span = step_work(scheduled, self._reqs)
         return meta
 
-    def _step_work(self, scheduled: dict[str, int]) -> tuple[int, int]:
-        """(tokens, span) this step computes: ``sum(new)``, ``sum((context + new)^2 - context^2)``;
-        (0, 0) when a scheduled request is not known here (its context is not)."""
-        tokens = span = 0
-        for req_id, new in scheduled.items():
-            st = self._reqs.get(req_id)
-            if st is None:
-                return 0, 0
-            ctx = st.request.num_computed_tokens
-            tokens += new
-            span += (ctx + new) ** 2 - ctx ** 2
-        return tokens, span
-
-    def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: _ReqState) -> list[int]:
+    def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: RequestState) -> list[int]:
         """Turn the request's pending load (if any) into a plan in ``meta``; its block table."""
         table = self._block_ids_of(req_id) if self._block_ids_of else []
         if st.pending_load is None:
             return table
         start, end = st.pending_load
         st.pending_load = None
-        plan = self._load_plan(req_id, st, start, end, table)
+        plan = load_plan(req_id, st, start, end, table, block_size=self.block_size, chunk_size=self.chunk_size)
         st.pending_async = False
         if plan is not None:
             meta.loads.append(plan)
@@ -348,65 +308,6 @@ class SchedulerSide:
             self.log.write("claim", req=req_id, prompt_tokens=st.request.num_prompt_tokens,
                            local_tokens=start, claimed_tokens=end - start, async_load=plan.async_load)
         return table
-
-    def _load_plan(self, req_id: str, st: _ReqState, start: int, end: int, table: list[int]) -> LoadPlan | None:
-        bpc, bs, c = self.blocks_per_chunk, self.block_size, self.chunk_size
-        if len(table) < end // bs:
-            log.error("kvtier: block table of %s too short for load [%d,%d)", req_id, start, end)
-            return None
-        chunks = []
-        for ci in range(start // c, -(-end // c)):     # chunks overlapping [start, end)
-            first = (max(start, ci * c) - ci * c) // bs
-            last = (min(end, (ci + 1) * c) - ci * c) // bs
-            chunks.append(LoadChunk(bytes(st.keys[ci]), tuple(table[ci * bpc + first:ci * bpc + last]), first))
-        return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async)
-
-    def _full_chunks(self, st: _ReqState, computed: int) -> int:
-        """Leading chunks of ``st``'s request whose KV exists once ``computed`` tokens are computed:
-        prompt chunks, and with ``save_generated`` those of generated tokens whose ids are known
-        (keys extended here, incrementally)."""
-        req, c = st.request, self.chunk_size
-        if not self.save_generated:
-            return min(min(computed, req.num_prompt_tokens) // c, len(st.keys))
-        tokens = req.all_token_ids
-        full = min(computed, len(tokens)) // c
-        if full > len(st.keys):
-            try:
-                extend_chunk_keys(self.namespace, st.keys, tokens, full, st.extra)
-            except ValueError as e:   # a token id outside uint32: save no further chunk of it
-                log.warning("kvtier: cannot key generated tokens of %s: %s", req.request_id, e)
-                if self.metrics:
-                    self.metrics.error("generated_key")
-        return min(full, len(st.keys))
-
-    def _saves_upto(self, req_id: str, st: _ReqState, computed: int, table: Sequence[int]) -> list[SaveChunk]:
-        """The chunks to save now: not yet saved, full once ``computed`` tokens have KV, blocks allocated."""
-        full = self._full_chunks(st, computed)
-        bpc, prompt = self.blocks_per_chunk, st.request.num_prompt_tokens
-        out = []
-        while st.next_save_chunk < full:
-            ci = st.next_save_chunk
-            blocks = table[ci * bpc:(ci + 1) * bpc]
-            if len(blocks) < bpc:
-                break
-            generated = (ci + 1) * self.chunk_size > prompt
-            st.next_save_chunk += 1
-            if self.kv_events is not None:
-                self.kv_events.remember(bytes(st.keys[ci]), st.request, ci)
-            if generated and self._held(st.keys[ci]):   # e.g. the same reply generated again
-                continue
-            out.append(SaveChunk(req_id, ci, bytes(st.keys[ci]), bytes(st.keys[ci - 1]) if ci else None,
-                                 tuple(blocks), generated=generated))
-        return out
-
-    def _held(self, key: ChunkKey) -> bool:
-        """Whether the worker's tiers or the local store hold ``key`` (index only; failure = no)."""
-        if self.directory.get(key) is not None:
-            return True
-        try:
-            return self.store.lookup([key]).num_chunks > 0
-        except Exception:   # a broken store: save (a duplicate write is harmless)
-            return False
 
     # -- completion ------------------------------------------------------------------------
     def finished(self, request: Any, block_ids: Sequence[int] | None = None) -> bool:
@@ -427,7 +328,7 @@ class SchedulerSide:
         if st is not None and self.save_generated and block_ids is not None and st.request is request:
             try:
                 computed = min(request.num_computed_tokens, request.num_tokens - 1)
-                saves = self._saves_upto(req_id, st, computed, list(block_ids))
+                saves = self.save_plans.saves_upto(req_id, st, computed, list(block_ids))
             except Exception as e:   # never fail vLLM's finish path for a cache
                 log.warning("kvtier: planning the last saves of %s failed: %s", req_id, e)
                 if self.metrics:

