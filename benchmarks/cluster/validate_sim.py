@@ -22,8 +22,10 @@ sequences) — nothing is fitted to the cluster runs:
 
 What the simulation cannot copy: prompts are the workload's text (with the demo's ``history:
 live`` the servers saw the model's own replies instead: other lengths, the same prefix structure);
-sticky routing hashes with ``sdbm mod N`` where the demo's HAProxy uses consistent hashing (the
-same stickiness, another assignment of conversations to replicas). The kv-aware router is the
+sticky routing is the demo's own: HAProxy's consistent hash decides which replica a conversation
+lands on, so the conversation -> replica map is asked of a real HAProxy with the demo's config
+(``haproxy_assignment.py``; ``--sticky-hash sdbm`` uses the simulator's ``sdbm mod N`` instead: the
+same stickiness, another assignment). The kv-aware router is the
 demo's (``kvtier.client.router``: a shared block counts for every replica, so the order is the
 replica's own leading blocks, then fewest in flight, then replica order).
 
@@ -233,14 +235,20 @@ def validate(measured: Path, args: argparse.Namespace) -> dict:
     trace = load_workload_trace(resolve(measured, data["workload"]), unit_tokens=k.block_size, tokenizer=tok)
     n = int(data["replicas"])
     ideal = ideal_hit_rate(trace, k)
+    assignment = None
+    if args.sticky_hash == "haproxy" and any(r["routing"] == "sticky" for r in data["runs"]):
+        from benchmarks.cluster.haproxy_assignment import haproxy_assignment
+        names = [p.get("name", f"r{i}") for i, p in enumerate(data["runs"][0].get("per_replica") or [])]
+        assignment = haproxy_assignment(trace.conv_ids, n, names if len(names) == n else None)
     rows = []
     for run in data["runs"]:
         t0 = time.time()
-        sim = run_cluster(trace, profile_for(run, pp, k), load_of(run), n, run["routing"])
+        sim = run_cluster(trace, profile_for(run, pp, k), load_of(run), n, run["routing"],
+                          sticky_assignment=assignment)
         rows.append(err_row(run, sim, n) | {"wall_s": round(time.time() - t0, 2)})
     return {"measured_file": str(measured), "machine": data.get("machine"), "replicas": n,
             "workload": data["workload"], "requests_in_workload": trace.num_requests, "knobs": k.__dict__,
-            "history": data.get("history"),
+            "history": data.get("history"), "sticky_hash": args.sticky_hash if assignment is not None else "sdbm",
             "ideal_hit_rate_simulated_trace": ideal,
             "engine": engine_from(pp, 1, k).model_dump(), "targets": {"hit_rate_points": HIT_POINTS,
                                                                    "ttft_mean_relative": TTFT_REL},
@@ -310,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ram-read-bw", type=float)
     ap.add_argument("--ssd-read-bw", type=float)
     ap.add_argument("--shared-read-bw", type=float)
+    ap.add_argument("--sticky-hash", choices=("haproxy", "sdbm"), default="haproxy",
+                    help="sticky runs: the map a real HAProxy makes (default) or the simulator's sdbm mod N")
     args = ap.parse_args(argv)
     measured = args.measured
     if measured.is_dir():

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import asdict, dataclass, fields
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -86,11 +86,12 @@ class ClusterResult:
 class _Cluster:
     """The cluster's load, router and event loop (the replicas' ``Feed``)."""
 
-    def __init__(self, trace: SimTrace, profile: SimProfile, load: LoadSpec, replicas: int, routing: str) -> None:
+    def __init__(self, trace: SimTrace, profile: SimProfile, load: LoadSpec, replicas: int, routing: str,
+                 sticky_assignment: Mapping[str, int] | None = None) -> None:
         self.trace, self.load = trace, load
         self.engines = [EngineSim(trace, profile, load, feed=self) for _ in range(replicas)]
         self.shared = self._attach_shared(profile)
-        self.router = make_router(routing, self.engines, trace)
+        self.router = make_router(routing, self.engines, trace, sticky_assignment)
         self.sends: list[tuple[float, int, int]] = []
         self.issuer = LoadIssuer(trace, load, self.sends)
         self.inflight = [0] * replicas
@@ -226,14 +227,15 @@ def _merge(res: list[SimResult], route: np.ndarray, n: int) -> SimResult:
 
 
 def run_cluster(trace: SimTrace, profile: SimProfile, load: LoadSpec, replicas: int,
-                routing: str = "roundrobin") -> ClusterResult:
-    """Simulate ``replicas`` engines behind ``routing`` under one ``load`` (module docstring)."""
+                routing: str = "roundrobin", sticky_assignment: Mapping[str, int] | None = None) -> ClusterResult:
+    """Simulate ``replicas`` engines behind ``routing`` under one ``load`` (module docstring);
+    ``sticky_assignment`` (conversation id -> replica) replaces sticky's own hash."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
     load.validate()
-    c = _Cluster(trace, profile, load, replicas, routing)
+    c = _Cluster(trace, profile, load, replicas, routing, sticky_assignment)
     with gc_paused():
         c.run()
     return c.result(routing)

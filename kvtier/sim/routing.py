@@ -18,7 +18,7 @@ engines' state and change nothing in it.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -53,9 +53,22 @@ class RoundRobin:
 
 
 class Sticky:
-    def __init__(self, replicas: int, trace: SimTrace) -> None:
+    """Every turn of a conversation on one replica: ``sdbm(id) mod N``, or ``assignment`` (conversation
+    id -> replica, e.g. the one a real balancer chose: ``benchmarks/cluster/haproxy_assignment.py``)."""
+
+    def __init__(self, replicas: int, trace: SimTrace, assignment: Mapping[str, int] | None = None) -> None:
         conv_of = np.repeat(np.arange(trace.num_conversations), np.diff(trace.conv_offsets))
-        per_conv = [sdbm(c.encode()) % replicas for c in trace.conv_ids]
+        if assignment is not None:
+            missing = [c for c in trace.conv_ids if c not in assignment]
+            if missing:
+                raise ValueError(f"sticky assignment has no replica for conversation {missing[0]!r}")
+            bad = [c for c in trace.conv_ids if not 0 <= assignment[c] < replicas]
+            if bad:
+                raise ValueError(f"sticky assignment puts {bad[0]!r} on replica {assignment[bad[0]]}, "
+                                 f"not in 0..{replicas - 1}")
+            per_conv = [int(assignment[c]) for c in trace.conv_ids]
+        else:
+            per_conv = [sdbm(c.encode()) % replicas for c in trace.conv_ids]
         self.of_request = [per_conv[c] for c in conv_of.tolist()]
 
     def pick(self, r: int, inflight: list[int]) -> int:
@@ -118,11 +131,12 @@ class KvAware:
         return choice
 
 
-def make_router(name: str, engines: Sequence[EngineSim], trace: SimTrace) -> Router:
+def make_router(name: str, engines: Sequence[EngineSim], trace: SimTrace,
+                sticky_assignment: Mapping[str, int] | None = None) -> Router:
     if name == "roundrobin":
         return RoundRobin(len(engines))
     if name == "sticky":
-        return Sticky(len(engines), trace)
+        return Sticky(len(engines), trace, sticky_assignment)
     if name == "kv-aware":
         return KvAware(engines, trace)
     raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {name!r}")

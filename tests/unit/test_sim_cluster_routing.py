@@ -194,3 +194,30 @@ def test_bad_cluster_arguments_are_one_line_errors(tmp_path) -> None:
         run_cluster(tr, prof(), LoadSpec(mode="trace"), 0)
     with pytest.raises(ValueError, match="routing must be one of"):
         run_cluster(tr, prof(), LoadSpec(mode="trace"), 2, "random")
+
+
+def test_sticky_follows_a_given_assignment_and_rejects_an_incomplete_one(tmp_path) -> None:
+    tr = companion(tmp_path, conversations=10)
+    assignment = {c: (0 if i < 8 else 1) for i, c in enumerate(tr.conv_ids)}    # a skewed balancer
+    c = run_cluster(tr, comp_prof(), LoadSpec(mode="closed", concurrency=4), 2, "sticky", sticky_assignment=assignment)
+    conv_of = np.repeat(np.arange(tr.num_conversations), np.diff(tr.conv_offsets))
+    served = c.route >= 0
+    assert (c.route[served] == np.array([assignment[tr.conv_ids[k]] for k in conv_of[served]])).all()
+    with pytest.raises(ValueError, match="no replica for conversation"):
+        run_cluster(tr, comp_prof(), LoadSpec(mode="closed", concurrency=4), 2, "sticky",
+                    sticky_assignment=dict(list(assignment.items())[:3]))
+    with pytest.raises(ValueError, match="not in 0..1"):
+        run_cluster(tr, comp_prof(), LoadSpec(mode="closed", concurrency=4), 2, "sticky",
+                    sticky_assignment={c: 2 for c in tr.conv_ids})
+
+
+@pytest.mark.skipif(__import__("shutil").which("haproxy") is None, reason="no haproxy binary (scripts/setup.sh installs it)")
+def test_haproxy_assignment_is_sticky_and_uses_every_replica() -> None:
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from benchmarks.cluster.haproxy_assignment import haproxy_assignment
+
+    ids = [f"conv-{i}" for i in range(40)]
+    first = haproxy_assignment(ids, 2)
+    assert set(first) == set(ids) and set(first.values()) == {0, 1}
+    assert haproxy_assignment(ids, 2) == first          # the same ids land on the same replicas again
