@@ -240,6 +240,16 @@ def _diag(eng: Engine, role: str, tok, n: int, root: Path, evict: list[str], blo
     return out
 
 
+def prepare_engine_process() -> None:
+    """The environment of a bench engine process, set before vLLM is imported: 3 GiB of KV cache, the
+    8K+ context of the bundled model allowed, the engine in this process (its timings are this process's)."""
+    from kvtier.runtime import apply_vllm_env
+
+    apply_vllm_env(kv_cache_space_gib=3)
+    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=ROLES)
@@ -256,11 +266,7 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-model-len", type=int, default=8448)
     a = ap.parse_args(argv)
 
-    from kvtier.runtime import apply_vllm_env
-
-    apply_vllm_env(kv_cache_space_gib=3)
-    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    prepare_engine_process()
     from kvtier.engine import make_llm
 
     lengths = [int(x) for x in a.lengths.split(",")]

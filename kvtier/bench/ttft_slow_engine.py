@@ -77,11 +77,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--max-model-len", type=int, default=8448)
     a = ap.parse_args(argv)
 
-    from kvtier.runtime import apply_vllm_env
+    from kvtier.bench.ttft_engine import prepare_engine_process
 
-    apply_vllm_env(kv_cache_space_gib=3)
-    os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    prepare_engine_process()
     from kvtier.engine import make_llm
     from kvtier.server import kv_transfer_config
 

@@ -91,17 +91,12 @@ def print_cluster(res, title: str) -> None:
 def plan_cluster_command(trace, prof, load, replicas: int, routing: str, target: float,
                          sample_rate: Optional[float], out: Optional[Path], json_path: Optional[Path]) -> None:
     from kvtier.sim.planner import make_cluster_plan
-    from kvtier.sim.run import write_json
     p = make_cluster_plan(trace, prof, load, replicas=replicas, routing=routing, target=target,
                           sample_rate=sample_rate)
-    d = p.to_dict()
-    if out is not None:
-        write_json(out / "plan.json", d)
-    if json_path is not None:
-        if is_stdout(json_path):
-            write_json_out(json_path, d)
-            return
-        write_json(json_path, d)
+    from kvtier.commands.sim_cmd import write_plan
+
+    if write_plan(p.to_dict(), out, json_path):
+        return
     from rich.console import Console
     from rich.table import Table
     con = Console()

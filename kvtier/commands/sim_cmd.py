@@ -190,6 +190,20 @@ def simulate(
     typer.echo(f"hit rate by tier: {tiers or 'none'}")
 
 
+def write_plan(d: dict, out: Optional[Path], json_path: Optional[Path]) -> bool:
+    """``plan.json`` under ``--out`` and the ``--json`` copy; True when the JSON went to stdout (print nothing else)."""
+    from kvtier.sim.run import write_json
+
+    if out is not None:
+        write_json(out / "plan.json", d)
+    if json_path is not None:
+        if is_stdout(json_path):
+            write_json_out(json_path, d)
+            return True
+        write_json(json_path, d)
+    return False
+
+
 def plan(
     workload: Path = typer.Argument(..., help="Workload JSONL file, or a raw Mooncake trace (hash_ids)."),
     profile: Optional[Path] = typer.Option(None, "--profile", "-p", help="Profile YAML or preset ACCELERATOR/MODEL "
@@ -228,7 +242,6 @@ def plan(
     """How much RAM / SSD / shared storage, and what it buys: miss-ratio curve + simulated TTFT."""
     from kvtier.sim.load import LoadSpec
     from kvtier.sim.planner import Prices, make_plan, plot_curve
-    from kvtier.sim.run import write_json
 
     with _clean_errors():
         if mode not in MODES:
@@ -262,15 +275,11 @@ def plan(
         p = make_plan(trace, prof, load, target=target, target_ttft_s=target_ttft,
                       prices=Prices(memory_price, disk_price, shared_price), sample_rate=sample_rate,
                       with_shared=shared_tier)
-        d = p.to_dict()
+        to_stdout = write_plan(p.to_dict(), out, json_path)
         if out is not None:
-            write_json(out / "plan.json", d)
             plot_curve(p, out / "mrc.png", prof.engine.kv_cache_tokens * prof.kv_bytes_per_token)
-        if json_path is not None:
-            if is_stdout(json_path):
-                write_json_out(json_path, d)
-                return
-            write_json(json_path, d)
+        if to_stdout:
+            return
     from rich.console import Console
     from rich.table import Table
     con = Console()
