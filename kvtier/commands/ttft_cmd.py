@@ -98,21 +98,25 @@ def ttft(
     report = run_ttft(str(model), workdir, ns, repeats=reps, dtype=choice.dtype, with_example=example,
                       timeout_s=engine_timeout, command=command, log=lambda m: err.print(m), roles=role_list,
                       max_batched=max_num_batched_tokens, with_peers=peers, shared=targets, resume=resume, diag=diag)
-    md = report_markdown(report)
-    print(md, file=sys.stderr if is_stdout(json_path) else sys.stdout)
-    if is_stdout(json_path):
-        write_json_out(json_path, report_json(report))
-    elif json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report_json(report), indent=2) + "\n")
-    if md_path:
-        md_path.parent.mkdir(parents=True, exist_ok=True)
-        md_path.write_text(md)
+    _emit(report_markdown(report), report_json(report), json_path, md_path)
     try:
         check_report(report)
     except TtftCheckFailed as e:
         err.print(f"[red]error: {e}[/]")
         raise typer.Exit(1) from None
+
+
+def _emit(md: str, doc: dict, json_path: Path | None, md_path: Path | None) -> None:
+    """The report: Markdown on stdout (stderr when the JSON goes to stdout), ``--json`` and ``--md`` files."""
+    print(md, file=sys.stderr if is_stdout(json_path) else sys.stdout)
+    if is_stdout(json_path):
+        write_json_out(json_path, doc)
+    elif json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(doc, indent=2) + "\n")
+    if md_path:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        md_path.write_text(md)
 
 
 def _slow_tier(model: Path, workdir: Path, lengths: list[int], reps: dict[int, int], dtype: str,
@@ -125,16 +129,7 @@ def _slow_tier(model: Path, workdir: Path, lengths: list[int], reps: dict[int, i
     report = run_slow_tier(str(model), workdir, lengths, repeats=next(iter(reps.values())), dtype=dtype,
                            latency_ms=latency_ms, timeout_s=engine_timeout, command=command,
                            log=lambda m: err.print(m), max_batched=max_batched)
-    md = report_markdown(report)
-    print(md, file=sys.stderr if is_stdout(json_path) else sys.stdout)
-    if is_stdout(json_path):
-        write_json_out(json_path, report_json(report))
-    elif json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(report_json(report), indent=2) + "\n")
-    if md_path:
-        md_path.parent.mkdir(parents=True, exist_ok=True)
-        md_path.write_text(md)
+    _emit(report_markdown(report), report_json(report), json_path, md_path)
     if report.violations or report.crashes:
         err.print("[red]error: " + "; ".join(report.violations + [f"{k}: {v}" for k, v in report.crashes.items()])
                   + "[/]")

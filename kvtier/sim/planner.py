@@ -83,15 +83,20 @@ def _sizes(knee_chunks: int, chunk_bytes: int) -> list[int]:
     return sorted({int(base * f) for f in (0.125, 0.25, 0.5, 1.0, 1.5, 2.0)})
 
 
-def make_plan(trace: SimTrace, profile: SimProfile, load: LoadSpec, *, target: float = 0.9,
-              target_ttft_s: float | None = None, prices: Prices = Prices(), sample_rate: float | None = None,
-              with_shared: bool = False, max_sims: int = 24) -> Plan:
+def _curve_at(trace: SimTrace, profile: SimProfile, target: float, sample_rate: float | None):
+    """(chunk bytes, sampling rate, the trace's miss-ratio curve, its knee at ``target`` of the ideal)."""
     chunk_tokens = max(1, profile.chunk_size // trace.unit_tokens) * trace.unit_tokens
     chunk_bytes = chunk_tokens * profile.kv_bytes_per_token
     stream = access_stream(trace, profile.chunk_size)
     rate = sample_rate if sample_rate is not None else auto_sample_rate(len(stream.keys))
     mrc = miss_ratio_curve(stream, chunk_bytes, rate)
-    knee = mrc.smallest_reaching(target)
+    return chunk_bytes, rate, mrc, mrc.smallest_reaching(target)
+
+
+def make_plan(trace: SimTrace, profile: SimProfile, load: LoadSpec, *, target: float = 0.9,
+              target_ttft_s: float | None = None, prices: Prices = Prices(), sample_rate: float | None = None,
+              with_shared: bool = False, max_sims: int = 24) -> Plan:
+    chunk_bytes, rate, mrc, knee = _curve_at(trace, profile, target, sample_rate)
     curve = [{"capacity_bytes": float(c * chunk_bytes), "token_hit_rate": float(h)}
              for c, h in zip(mrc.capacities_chunks, mrc.hit_rate)]
     vanilla = profile.model_copy(update={"save": False})
@@ -190,12 +195,7 @@ def make_cluster_plan(trace: SimTrace, profile: SimProfile, load: LoadSpec, *, r
                       routing: str = "roundrobin", target: float = 0.9,
                       sample_rate: float | None = None) -> ClusterPlan:
     from kvtier.sim.cluster import run_cluster
-    chunk_tokens = max(1, profile.chunk_size // trace.unit_tokens) * trace.unit_tokens
-    chunk_bytes = chunk_tokens * profile.kv_bytes_per_token
-    stream = access_stream(trace, profile.chunk_size)
-    rate = sample_rate if sample_rate is not None else auto_sample_rate(len(stream.keys))
-    mrc = miss_ratio_curve(stream, chunk_bytes, rate)
-    knee = mrc.smallest_reaching(target)
+    chunk_bytes, rate, mrc, knee = _curve_at(trace, profile, target, sample_rate)
     local = profile.model_copy(deep=True)
     local.shared.capacity = 0
     lo = run_cluster(trace, local, load, replicas, routing)
