@@ -100,6 +100,10 @@ class SharedTierBase(_Section):
                               "at once: a stalled backend can hold at most this many")
     probe_interval_s: float = Field(default=2.0, gt=0, description="after a timeout the tier is marked "
                                     "unavailable (no new I/O) and probed this often until it answers")
+    encoding: Literal["plain", "zstd", "int8"] = Field(default="plain", description="payload encoding in this "
+                                                       "tier only: plain (the local tiers' bytes), zstd "
+                                                       "(lossless), int8 (lossy per-channel 8-bit K/V); "
+                                                       "part of the tier's namespace")
 
 
 class SharedFsConfig(SharedTierBase):
@@ -261,6 +265,10 @@ class StoreConfig(_Section):
 
 class ConnectorConfig(_Section):
     load_timeout_s: float = Field(default=30.0, gt=0, description="a load slower than this is a miss")
+    load_mode: Literal["whole", "layerwise"] = Field(
+        default="whole", description="synchronous (local-tier) loads: whole = every claimed chunk copied into "
+        "vLLM's blocks before the forward pass; layerwise = read in the background while the forward pass "
+        "runs, each attention layer waiting only for its own blocks (wait_for_layer_load)")
     save: bool = Field(default=True, description="save newly computed full chunks")
     save_generated: bool = Field(
         default=True, description="also save the full chunks that cover generated tokens (as decode fills "
@@ -286,6 +294,9 @@ class ConnectorConfig(_Section):
         "prefault): any = every CPU of the process, not only the cores the engine bound its compute to (they "
         "run while the forward pass holds those); inherit = the engine's binding. Synchronous load reads "
         "always run on the engine's cores, which wait for them")
+    prefetch_ram: ByteSize = Field(
+        default=0, ge=0, description="queue-time prefetch: RAM the worker may fill, ahead of scheduling, with the "
+        "SSD / shared-tier chunks of requests waiting in vLLM's queue (released as they are scheduled); 0: off")
 
 
 class MetricsConfig(_Section):

@@ -19,7 +19,7 @@ import array
 import hashlib
 import json
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from typing import NewType, Sequence
 
@@ -57,6 +57,8 @@ class Namespace:
     format_version: int = FORMAT_VERSION
     deployment: str = ""        # deployment-wide prefix (store.deployment): separate deployments sharing one
                                 # backend never read each other's chunks, even for equal prompts and salts
+    encoding: str = "plain"     # payload encoding (store.shared.encoding): only a shared tier's namespace
+                                # names another one, so readers never mix encodings
 
     def __post_init__(self) -> None:
         if self.block_size <= 0 or self.chunk_size <= 0:
@@ -65,18 +67,27 @@ class Namespace:
             raise ValueError(f"chunk_size {self.chunk_size} is not a multiple of block_size {self.block_size}")
         if not (0 <= self.tp_rank < self.tp_size and 0 <= self.pp_rank < self.pp_size):
             raise ValueError("tp_rank/pp_rank out of range")
+        if not self.encoding:
+            raise ValueError("encoding must be a non-empty name (\"plain\" for none)")
 
     def canonical_bytes(self) -> bytes:
         """Canonical encoding: sorted-key compact JSON of every field (UTF-8). An empty ``deployment``
-        is left out, so namespaces without one keep the digests they always had."""
+        and the ``plain`` encoding are left out, so namespaces without them keep the digests they
+        always had."""
         fields = asdict(self)
         if not fields["deployment"]:
             del fields["deployment"]
+        if fields["encoding"] == "plain":
+            del fields["encoding"]
         return json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
 
     @cached_property
     def _digest(self) -> bytes:
         return hashlib.blake2b(self.canonical_bytes(), digest_size=KEY_BYTES, person=_NS_PERSON).digest()
+
+    def with_encoding(self, encoding: str) -> "Namespace":
+        """This namespace for payloads stored in ``encoding`` (itself for ``plain``)."""
+        return self if encoding == self.encoding else replace(self, encoding=encoding)
 
     def digest(self) -> bytes:
         """32-byte digest of the canonical encoding; the root parent of every key chain."""

@@ -55,9 +55,14 @@ def ttft(
     slow_latency_ms: float = typer.Option(None, "--slow-latency-ms", min=0, help="With --slow-tier: the latency "
                                           "added to every read and lookup of the slow tier (default: sized from "
                                           "the run's own recompute time)."),
+    layerwise: bool = typer.Option(False, "--layerwise", help="Instead: an SSD hit of each length with a new "
+                                   "--suffix, loaded whole before the forward pass and layer by layer during it, "
+                                   "against load alone and suffix compute alone, in one engine."),
+    suffix: int = typer.Option(256, "--suffix", min=128, max=2048, help="With --layerwise: new tokens after the "
+                               "stored prefix."),
 ) -> None:
     """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
-    lengths = lengths or ("1024" if slow_tier else "1024,4096,8192")
+    lengths = lengths or ("1024" if slow_tier else "2048" if layerwise else "1024,4096,8192")
     try:
         ns = [int(x) for x in lengths.split(",") if x.strip()]
     except ValueError:
@@ -91,6 +96,10 @@ def ttft(
         raise typer.Exit(2)
     workdir = workdir or kvtier_home() / "bench" / "ttft"
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    if layerwise:
+        _layerwise(model, workdir, ns, reps, choice.dtype, suffix, engine_timeout, command, max_num_batched_tokens,
+                   json_path, md_path)
+        return
     if slow_tier:
         _slow_tier(model, workdir, ns, reps, choice.dtype, slow_latency_ms, engine_timeout, command,
                    max_num_batched_tokens, json_path, md_path)
@@ -133,6 +142,25 @@ def _slow_tier(model: Path, workdir: Path, lengths: list[int], reps: dict[int, i
     if report.violations or report.crashes:
         err.print("[red]error: " + "; ".join(report.violations + [f"{k}: {v}" for k, v in report.crashes.items()])
                   + "[/]")
+        raise typer.Exit(1)
+
+
+def _layerwise(model: Path, workdir: Path, lengths: list[int], reps: dict[int, int], dtype: str, suffix: int,
+               engine_timeout: float, command: str, max_batched: int, json_path: Path | None,
+               md_path: Path | None) -> None:
+    from kvtier.bench.ttft_engine import CHUNK
+    from kvtier.bench.ttft_layerwise import report_json, report_markdown, run_layerwise
+
+    if len(set(reps.values())) != 1:
+        raise typer.BadParameter("--layerwise takes one --repeats count for every length")
+    if any(n % CHUNK for n in lengths):
+        raise typer.BadParameter(f"--layerwise lengths must be multiples of the {CHUNK}-token chunk")
+    report = run_layerwise(str(model), workdir, lengths, suffix, repeats=next(iter(reps.values())), dtype=dtype,
+                           timeout_s=engine_timeout, command=command, log=lambda m: err.print(m),
+                           max_batched=max_batched)
+    _emit(report_markdown(report), report_json(report), json_path, md_path)
+    if report.violations:
+        err.print("[red]error: " + "; ".join(report.violations) + "[/]")
         raise typer.Exit(1)
 
 

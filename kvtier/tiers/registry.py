@@ -93,10 +93,27 @@ def build_shared(config: StoreConfig, namespace: Namespace, telemetry: Telemetry
     cfg = config.shared
     if cfg is None:
         return None
-    tier = backend_class(cfg.kind).open(cfg, namespace, telemetry)
+    tier = open_shared_backend(cfg, namespace, telemetry)
     if config.faults is not None and config.faults.wraps == "shared":
         tier = _faulty(config, namespace, telemetry, tier)      # inside the guard, like a real stall
     return guard_if_shared(tier, cfg, telemetry)
+
+
+def open_shared_backend(cfg: SharedTierBase, namespace: Namespace, telemetry: Telemetry) -> Tier:
+    """The backend of ``cfg``, storing payloads in ``cfg.encoding`` (``kvtier.tiers.encoded``: its
+    own namespace, decoded on read) unless that is ``plain``."""
+    if cfg.encoding == "plain":
+        return backend_class(cfg.kind).open(cfg, namespace, telemetry)
+    from kvtier.tiers.encoded import EncodedTier, encoded_namespace
+
+    try:
+        from kvtier.encoding import require_codec
+
+        require_codec(cfg.encoding)
+    except ImportError as e:
+        raise ConfigError(str(e)) from None
+    inner = backend_class(cfg.kind).open(cfg, encoded_namespace(namespace, cfg.encoding), telemetry)
+    return EncodedTier.wrap(inner, cfg.encoding, telemetry)
 
 
 def _faulty(config: StoreConfig, namespace: Namespace, telemetry: Telemetry, tier: Tier) -> Tier:

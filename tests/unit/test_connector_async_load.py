@@ -248,6 +248,7 @@ def test_connector_hands_the_steps_idle_flag_to_the_worker() -> None:
     c = object.__new__(KvtierConnector)       # the worker half only: no engine needed
     c._connector_metadata = None
     c._worker = rec = _IdleRecorder()
+    c._prefetch = None                                           # no queue-time prefetch
     c.get_finished(set())                                       # no metadata bound: not idle
     for idle in (True, False):
         c.bind_connector_metadata(pickle.loads(pickle.dumps(KvtierConnectorMetadata(idle=idle))))

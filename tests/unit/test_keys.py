@@ -78,7 +78,7 @@ def test_numpy_and_list_inputs_agree() -> None:
 _BASE = dataclasses.replace(NS, tp_size=2, pp_size=2)
 _ALONE = {"model": "other-model", "model_fingerprint": "rev-x", "dtype": "float16", "layout": "other",
           "block_size": 32, "chunk_size": 512, "tp_rank": 1, "tp_size": 4, "pp_rank": 1, "pp_size": 4,
-          "format_version": _BASE.format_version + 1, "deployment": "prod-eu"}
+          "format_version": _BASE.format_version + 1, "deployment": "prod-eu", "encoding": "int8"}
 
 
 def test_every_namespace_field_is_varied_alone() -> None:

