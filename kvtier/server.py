@@ -213,11 +213,48 @@ def _die_with_parent() -> None:
         pass
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
+#: ports handed out by ``free_port`` in this process (chosen now, bound later by a server)
+_HANDED_OUT: set[int] = set()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's ephemeral port range (``ip_local_port_range``; Linux's default if unreadable)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(count: int = 1) -> int:
+    """A TCP port p on 127.0.0.1 with p .. p + count - 1 free now and not handed out before by
+    this process.
+
+    The ports are chosen *below* the kernel's ephemeral range: a server binds its port seconds
+    after it is chosen (a vLLM engine after loading its model), and in between any ``bind(0)`` or
+    outgoing ``connect()`` of another process (vLLM's own ZMQ and torch.distributed ports, every
+    client connection) takes ports from the ephemeral range only, never from below it. Falls back
+    to a kernel-chosen port when no port below the range is free."""
+    import random
+
+    lo, _ = ephemeral_range()
+    first = max(1024, lo - 12000)
+    rng = random.SystemRandom()
+    for _ in range(400):
+        p = rng.randrange(first, max(first + count, lo - count + 1))
+        span = range(p, p + count)
+        if not any(q in _HANDED_OUT for q in span) and all(port_is_free(q) for q in span):
+            _HANDED_OUT.update(span)
+            return p
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((HOST, 0))
+            p = s.getsockname()[1]
+        span = range(p, p + count)
+        if p + count <= 65536 and not any(q in _HANDED_OUT for q in span) and all(port_is_free(q) for q in span):
+            _HANDED_OUT.update(span)
+            return p
+    raise OSError(f"no {count} consecutive free TCP ports on {HOST}")
 
 
 def port_is_free(port: int) -> bool:

@@ -87,7 +87,7 @@ def replica_specs(config: str, n: int, model: Path, dtype: str, caps: Any, max_m
     out = []
     for i in range(n):
         events_port = free_port() if events else None
-        metrics_port = _port_pair() if config != "vanilla" else None
+        metrics_port = free_port(2) if config != "vanilla" else None
         extra: tuple[str, ...] = ()
         if events_port is not None:
             from kvtier.client.router import kv_events_config
@@ -105,15 +105,6 @@ def replica_specs(config: str, n: int, model: Path, dtype: str, caps: Any, max_m
     return out
 
 
-def _port_pair() -> int:
-    """A port p with p and p + 1 free (kvtier's scheduler and worker metrics)."""
-    from kvtier.server import free_port, port_is_free
-
-    for _ in range(50):
-        p = free_port()
-        if p < 65535 and port_is_free(p + 1):
-            return p
-    raise DemoError("no pair of free ports on 127.0.0.1 for kvtier's metrics")
 
 
 def replica_env(r: Replica) -> dict[str, str]:

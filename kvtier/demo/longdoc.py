@@ -210,22 +210,11 @@ def _warm_up(url: str) -> None:
     server_prefill_timer(url)(64)
 
 
-def _metrics_port() -> int:
-    """A port p with p and p + 1 free: kvtier's scheduler metrics on p, worker rank 0 on p + 1."""
-    from kvtier.server import free_port, port_is_free
-
-    for _ in range(50):
-        p = free_port()
-        if p < 65535 and port_is_free(p + 1):
-            return p
-    raise DemoError("no two adjacent free ports for kvtier's metrics")
-
-
 def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
         columns: Sequence[Column] = COLUMNS) -> dict[str, Any]:
     from kvtier.bench.ttft_engine import evict_page_cache
     from kvtier.config import deep_merge
-    from kvtier.server import ServerError, ServerSpec, VllmServer
+    from kvtier.server import ServerError, ServerSpec, VllmServer, free_port
     from kvtier.workload.format import write_workload
     from kvtier.workload.longdoc import LongDocSpec, generate_longdoc
     from kvtier.workload.tokens import load_tokenizer
@@ -253,7 +242,7 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
             kv = base_kv
             for _, c in cols:
                 kv = deep_merge(kv, c.kvtier or {})
-            port = _metrics_port()
+            port = free_port(2)          # kvtier's scheduler metrics on port, worker rank 0 on port + 1
             kv = deep_merge(kv, {"metrics": {"port": port}})
             server = ServerSpec(name=f"kvtier-{server_id}", model=str(facts.path), dtype=facts.dtype,
                                 max_model_len=size.max_prompt_length + 64, max_num_batched_tokens=2048,

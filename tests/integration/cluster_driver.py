@@ -82,18 +82,23 @@ def complete(base: str, model: str, name: str, phase: str, replica: str | None =
     return Rec(name, phase, served, True, d["choices"][0]["text"], cached)
 
 
-def counters(replicas: list[Any]) -> dict[str, dict[str, float]]:
-    """kvtier's own samples of every live replica (scheduler + worker endpoints)."""
+def counters(replicas: list[Any], notes: list[str]) -> dict[str, dict[str, float]]:
+    """kvtier's own samples of every live replica (scheduler + worker endpoints); an endpoint that
+    does not answer in three tries is named in ``notes`` (the failing assertion then shows why)."""
     from kvtier.client.server_metrics import merge, parse_metrics
 
     out = {}
     for r in replicas:
         snaps = []
         for url in r.kvtier_metrics_urls():
-            try:
-                snaps.append((parse_metrics(httpx.get(url, timeout=5).text), True))
-            except httpx.HTTPError:
-                pass
+            for attempt in range(3):
+                try:
+                    snaps.append((parse_metrics(httpx.get(url, timeout=10).text), True))
+                    break
+                except httpx.HTTPError as e:
+                    if attempt == 2:
+                        notes.append(f"{r.name}: {url} did not answer: {type(e).__name__}: {e}")
+                    time.sleep(1)
         out[r.name] = merge(snaps).samples if snaps else {}
     return out
 
@@ -144,20 +149,20 @@ def run_failures(model: Path, tmp: Path) -> Outcome:
                 out.references[f"q{i}"] = rec.text
         files = _wait_files(backend.mounts[1].path, QS * 2, 30)
         out.notes.append(f"chunk files on r1's mount after the references: {files}")
-        out.counters["start"] = counters(reps)
+        out.counters["start"] = counters(reps, out.notes)
         # 2. stall: both mounts paused
         for m in backend.mounts:
             m.pause()
         try:
             for name in ("f0", "q0", "f1", "q1", "f2", "f3"):
                 out.records.append(complete(lb.url, mname, name, "stalled"))
-            out.counters["stalled"] = counters(reps)
+            out.counters["stalled"] = counters(reps, out.notes)
         finally:
             for m in backend.mounts:
                 m.resume()
         time.sleep(UNAVAILABLE_S)         # the tier's probe finds the mount back; declined chunks are claimed again
         out.records.append(complete(r1.url, mname, "q2", "resumed", "r1"))
-        out.counters["resumed"] = counters(reps)
+        out.counters["resumed"] = counters(reps, out.notes)
         # 3. kill r0 while two clients keep sending through HAProxy
         done = threading.Event()
         names = iter([f"k{i}" for i in range(10)])
@@ -184,7 +189,7 @@ def run_failures(model: Path, tmp: Path) -> Outcome:
                 f.result()
         for i in range(3, QS):
             out.records.append(complete(lb.url, mname, f"q{i}", "after_kill"))
-        out.counters["after_kill"] = counters([r1])
+        out.counters["after_kill"] = counters([r1], out.notes)
     finally:
         if lb is not None:
             lb.stop()

@@ -51,12 +51,12 @@ def test_stalled_shared_tier_falls_back_and_recovers(outcome: Outcome):
     assert {r.replica for r in stalled} == {"r0", "r1"}           # round-robin reached both
     for rep in ("r0", "r1"):
         faults = _faults(outcome, "start", "stalled", rep)
-        assert faults, f"{rep} counted no shared-tier fault while the mounts were paused"
+        assert faults, f"{rep} counted no shared-tier fault while the mounts were paused; {outcome.notes}"
     _nothing_wrong(outcome)
     resumed, = [r for r in outcome.records if r.phase == "resumed"]
     assert resumed.ok and resumed.replica == "r1"
     assert resumed.cached and resumed.cached >= CHUNK
-    assert _delta(outcome, "stalled", "resumed", "r1", SHARED_HITS) >= CHUNK
+    assert _delta(outcome, "stalled", "resumed", "r1", SHARED_HITS) >= CHUNK, outcome.notes
 
 
 def test_killed_replica_survivor_serves_and_reads_its_chunks(outcome: Outcome):
@@ -72,5 +72,5 @@ def test_killed_replica_survivor_serves_and_reads_its_chunks(outcome: Outcome):
     assert after_kill and all(r.ok and r.replica == "r1" for r in after_kill)
     for r in after:                                                # computed by r0 only, read back by r1
         assert r.cached and r.cached >= CHUNK, f"{r.name}: no hit on the survivor"
-    assert _delta(outcome, "resumed", "after_kill", "r1", SHARED_HITS) >= CHUNK * len(after)
+    assert _delta(outcome, "resumed", "after_kill", "r1", SHARED_HITS) >= CHUNK * len(after), outcome.notes
     _nothing_wrong(outcome)

@@ -228,3 +228,23 @@ def test_secrets_of_a_kvtier_server_travel_in_its_environment_never_its_argv(mon
     loaded = config_from_extra(extra)
     assert loaded.store.shared.password.get_secret_value() == "pw-7f3a9c-secret"
     assert loaded.store.signing_key.get_secret_value() == "k" * 32
+
+
+def test_free_ports_are_below_the_ephemeral_range_free_and_never_handed_out_twice():
+    from kvtier.server import ephemeral_range, free_port, port_is_free
+
+    lo, _ = ephemeral_range()
+    seen: set[int] = set()
+    for _ in range(100):
+        p = free_port(2)
+        span = {p, p + 1}
+        assert p + 1 < lo or lo - 12000 < 1024, f"{p} is in the ephemeral range from {lo}"
+        assert not span & seen, f"{p} handed out twice"
+        assert all(port_is_free(q) for q in span)
+        seen |= span
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))            # a port the kernel gives is never handed out while held
+    try:
+        assert held.getsockname()[1] not in {free_port() for _ in range(50)}
+    finally:
+        held.close()
