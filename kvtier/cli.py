@@ -16,7 +16,7 @@ from kvtier import __version__
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="kvtier: tiered KV cache (RAM -> SSD -> shared store) for vLLM, and the lab that measures it.")
 workload_app = typer.Typer(no_args_is_help=True, help="Generate, import and inspect workloads.")
-bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: store, ttft, replay, slo, compare.")
+bench_app = typer.Typer(no_args_is_help=True, help="Benchmarks: store, ttft, prefetch, replay, slo, compare.")
 app.add_typer(workload_app, name="workload")
 app.add_typer(bench_app, name="bench")
 
@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
     ("kvtier.commands.serve_cmd", None),           # serve (vLLM + kvtier connector)
     ("kvtier.commands.stats_cmd", None),           # stats (connector/store metrics)
     ("kvtier.commands.ttft_cmd", "bench"),         # bench ttft
+    ("kvtier.commands.prefetch_cmd", "bench"),     # bench prefetch
     ("kvtier.commands.sim_cmd", None),             # simulate, plan, calibrate
 )
 
