@@ -35,7 +35,7 @@ from kvtier.workload.format import Conversation
 
 #: requests per user a steady-state point needs: with 2, users in lockstep (equal documents) send
 #: their second requests in one burst right after the first, so no request ends before the last one
-#: is issued and the window is empty (the 2026-12-01 session-6 SLO run: 0 window requests at 6 and 8
+#: is issued and the window is empty (an SLO run with 2 rounds measured 0 window requests at 6 and 8
 #: users, points that then "failed" without a measurement)
 MIN_STEADY_ROUNDS = 3
 
