@@ -47,9 +47,9 @@ def prefetch(
                                              help="vLLM's own KV space on every server (small: requests queue)."),
     max_model_len: int = typer.Option(4096, "--max-model-len", min=128, help="vLLM's max_model_len."),
     chunk_size: int = typer.Option(128, "--chunk-size", min=16, help="kvtier tokens per chunk."),
-    ram: str = typer.Option("256MiB", "--ram", help="Each server's kvtier RAM tier."),
+    memory_capacity: str = typer.Option("256MiB", "--memory-capacity", help="Each server's kvtier RAM tier."),
     prefetch_ram: str = typer.Option("128MiB", "--prefetch-ram", help="connector.prefetch_ram of the prefetching "
-                                     "readers (part of --ram)."),
+                                     "readers (part of --memory-capacity)."),
     latency_ms: str = typer.Option("0,50", "--latency-ms", help="Shared-tier latencies to measure at, "
                                    "comma-separated ms added to each read and lookup (store.faults; 0: as is)."),
     keep_shared: bool = typer.Option(False, "--keep-shared", help="Keep the shared directory."),
@@ -65,7 +65,8 @@ def prefetch(
     if dtype.strip().lower() != "auto":
         dtype = resolve_cli_dtype(dtype, say=False).dtype
     opts = PrefetchBenchOptions(model=model or default_model(), dtype=dtype, kv_cache_space_gib=kv_cache_space_gib,
-                                max_model_len=max_model_len, chunk_size=chunk_size, ram_bytes=_sizes(ram, "--ram"),
+                                max_model_len=max_model_len, chunk_size=chunk_size,
+                                ram_bytes=_sizes(memory_capacity, "--memory-capacity"),
                                 prefetch_bytes=_sizes(prefetch_ram, "--prefetch-ram"),
                                 latencies_ms=_latencies(latency_ms))
     try:

@@ -73,8 +73,8 @@ def test_point_and_ratios_from_summaries():
 @pytest.mark.parametrize("args,msg", [
     (["--latency-ms", "0,fast"], "--latency-ms"),
     (["--latency-ms", "10,10"], "distinct"),
-    (["--ram", "1MiB", "--prefetch-ram", "2MiB"], "fit in the RAM tier"),
-    (["--ram", "lots"], "--ram"),
+    (["--memory-capacity", "1MiB", "--prefetch-ram", "2MiB"], "fit in the RAM tier"),
+    (["--memory-capacity", "lots"], "--memory-capacity"),
 ])
 def test_cli_bad_input_is_one_clear_error(tmp_path, args, msg):
     wl = tmp_path / "w.jsonl"
