@@ -11,7 +11,9 @@ client picks the replica URL per request; no balancer in between).
 
 Steps: the calibration (``kvtier.demo.calibrate``: measured on a plain server, or ``--calibration``),
 the plan (``kvtier.demo.cluster_sizing``: workload, per-replica capacities from per-replica
-miss-ratio curves, the time estimate, printed first), then per configuration: the shared tier,
+miss-ratio curves, the time estimate, printed first; the companion workload's interleaving from
+``kvtier.demo.cluster_interleaving``, chosen for the mode's default runs whatever subset is asked,
+so a subset sends the same requests), then per configuration: the shared tier,
 all N replicas started in parallel, one run per routing mode, everything stopped.
 
 Same workload and same requests for every run, and empty caches for every run: the replicas of a
@@ -99,15 +101,18 @@ def run(out: Path, facts: ModelFacts, opts: ClusterOptions) -> dict[str, Any]:
     console.rule(f"[bold]kvtier demo cluster: {opts.replicas} replicas, {opts.workload}")
     cal = obtain_calibration(facts, out, opts.calibration)
     tokenizer = load_tokenizer(facts.path)
+    runs = opts.runs()
+    cal_s = 0.0 if opts.calibration else cal.profile.elapsed_s
+    # the workload is the mode's (sized for its default runs), whatever subset runs: subsets stay comparable
     plan = with_history(plan_cluster(opts.workload, opts.quick, opts.replicas, tokenizer, cal.profile,
-                                     facts.kv_bytes_per_token), opts.history)
+                                     facts.kv_bytes_per_token, opts.history, startup_s=cal.startup_s,
+                                     calibration_s=cal_s), opts.history)
     if opts.workload == "longdoc":
         plan = with_history(plan, "workload")
     wl_path = out / f"{opts.workload}.jsonl"
     write_workload(wl_path, plan.header, plan.conversations)
-    runs = opts.runs()
     configs = sorted({c for c, _ in runs}, key=CONFIGS.index)
-    est = plan.estimate_s(len(runs), len(configs), cal.startup_s, 0.0 if opts.calibration else cal.profile.elapsed_s)
+    est = plan.estimate_s(runs, cal.startup_s, cal_s)
     _print_plan(plan, runs, est, opts)
     results: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -130,18 +135,28 @@ def run(out: Path, facts: ModelFacts, opts: ClusterOptions) -> dict[str, Any]:
 
 def _print_plan(plan: Any, runs: Sequence[tuple[str, str]], est: float, opts: ClusterOptions) -> None:
     c, f = plan.capacities, plan.facts
-    target = 360 if opts.quick else 900
+    target = plan.sizing.get("target_s") or (360 if opts.quick else 900)
+    problem = plan.sizing.get("problem")
+    if problem:
+        red(problem)
+    elif est > 1.1 * target:
+        red(f"this does not fit the {target / 60:.0f}-minute target on this machine: estimated {est / 60:.1f} min, "
+            f"{(est - target) / 60:.1f} min over")
+    sz = plan.sizing
+    scale = f", token lengths x{sz['length_scale']:g}" if sz else ""
     console.print(f"workload: {plan.workload}, {len(plan.conversations)} conversations, {f.requests} requests, "
-                  f"{f.prompt_tokens:,} prompt tokens, {plan.concurrency} users, {plan.history} history; "
+                  f"{f.prompt_tokens:,} prompt tokens, {plan.concurrency} users{scale}, {plan.history} history; "
                   f"ideal hit rate {f.ideal_hit_rate:.0%} (workload text)")
     console.print(f"per replica: vLLM KV {c.kv_cache_tokens:,} tokens, kvtier RAM {c.ram_tokens:,}, SSD "
                   f"{c.ssd_tokens:,} tokens ({c.ssd_tokens / max(1, c.working_set_tokens):.0%} of the cluster's "
                   f"working set of {c.working_set_tokens:,}); shared {c.shared_tokens:,} tokens")
-    console.print("predicted (per-replica LRU curves): local round-robin "
-                  f"{plan.predicted['local/roundrobin']:.0%}, local sticky {plan.predicted['local/sticky']:.0%}")
+    p = plan.predicted
+    worst = max(plan.predicted_per_replica.get("vanilla/roundrobin") or [0.0])
+    console.print("predicted (per-replica LRU curves): vanilla round-robin "
+                  f"{p.get('vanilla/roundrobin', 0):.1%} (worst replica {worst:.1%}), vanilla sticky "
+                  f"{p.get('vanilla/sticky', 0):.1%}; local round-robin {p['local/roundrobin']:.0%}, local sticky "
+                  f"{p['local/sticky']:.0%}; ideal {p['ideal']:.0%}")
     console.print(f"runs: {', '.join(f'{a}/{b}' for a, b in runs)}; estimated {est / 60:.1f} min")
-    if est > 1.1 * target:
-        red(f"this does not fit the {target / 60:.0f}-minute target on this machine: estimated {est / 60:.1f} min")
 
 
 def run_config(config: str, routings: Sequence[str], plan: Any, out: Path, facts: ModelFacts,

@@ -7,6 +7,8 @@ JSON document (``--json PATH`` and ``<out>/cluster.json``; the cluster simulator
      "calibration": "<path of calibration.json>", "prefill_profile": {...the calibration...},
      "dtype", "history", "chunk_tokens", "kv_bytes_per_token", "block_size" (vLLM's),
      "max_num_batched_tokens" (null: vLLM's default), "elapsed_s", "estimate_s", "problems": [...],
+     "predicted": {"<config>/<routing>": hit rate, "ideal"}, "predicted_per_replica": {...: [per replica]},
+     "run_estimates_s": {"<config>/<routing>": s}, "sizing": {...the interleaving chosen, every candidate...},
      "targets": {...see check_targets...},
      "runs": [{"config": "vanilla|local|shared", "routing": "roundrobin|sticky|kv-aware",
                "token_hit_rate", "ideal_hit_rate", "hit_rate_vs_ideal",
@@ -155,7 +157,9 @@ def build_document(plan: Any, cal: Any, facts: Any, opts: Any, workload_path: Pa
             "kv_bytes_per_token": caps["kv_bytes_per_token"], "block_size": ENGINE_BLOCK_TOKENS,
             "max_num_batched_tokens": None,
             "shared_backend": opts.shared, "quick": opts.quick, "size": plan.size, "capacities": caps,
-            "predicted": plan.predicted, "elapsed_s": elapsed_s, "estimate_s": estimate_s,
+            "predicted": plan.predicted, "predicted_per_replica": getattr(plan, "predicted_per_replica", {}),
+            "run_estimates_s": getattr(plan, "run_estimates", {}), "sizing": getattr(plan, "sizing", {}),
+            "elapsed_s": elapsed_s, "estimate_s": estimate_s,
             "problems": list(problems), "targets": check_targets(runs), "runs": runs}
 
 
@@ -172,7 +176,9 @@ def table_rows(doc: dict[str, Any]) -> list[list[str]]:
     for r in doc["runs"]:
         tt = r["tier_tokens"]
         tot = sum(tt.values()) or 1
-        rows.append([f"{r['config']}/{r['routing']}", f"{r['requests']}/{r['requests_failed']}", _p(r["token_hit_rate"]),
+        pred = (doc.get("predicted") or {}).get(f"{r['config']}/{r['routing']}")
+        rows.append([f"{r['config']}/{r['routing']}", f"{r['requests']}/{r['requests_failed']}", _p(pred),
+                     _p(r["token_hit_rate"]),
                      _p(r["ideal_hit_rate"]), _p(r["hit_rate_vs_ideal"]), _s(r["ttft_mean_s"]), _s(r["ttft_p50_s"]),
                      _s(r["ttft_p90_s"]), f"{r['computed_tokens_per_request'] or 0:.0f}",
                      " ".join(f"{t} {tt[t] / tot:.0%}" for t in TIERS if tt[t]) or "-",
@@ -180,7 +186,7 @@ def table_rows(doc: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-HEADERS = ["run", "ok/failed", "hit rate", "ideal", "of ideal", "TTFT mean s", "p50", "p90", "computed/req",
+HEADERS = ["run", "ok/failed", "predicted hit", "hit rate", "ideal", "of ideal", "TTFT mean s", "p50", "p90", "computed/req",
            "hits by tier", "per replica (requests:hit)"]
 
 
@@ -259,6 +265,24 @@ def _plots(doc: dict[str, Any], out: Path) -> list[str]:
     return names
 
 
+def _sizing_lines(doc: dict[str, Any]) -> list[str]:
+    """How the interleaving was chosen and what the curves predicted (empty without a sizing)."""
+    sz = doc.get("sizing") or {}
+    if not sz:
+        return []
+    worst = max((doc.get("predicted_per_replica") or {}).get("vanilla/roundrobin") or [0.0])
+    out = [f"Interleaving: {sz['users']} users, {sz['conversations']} conversations, token lengths "
+           f"x{sz['length_scale']:g}; vLLM's own KV space predicted at "
+           f"{_p((doc.get('predicted') or {}).get('vanilla/roundrobin'))} hit round-robin (worst replica "
+           f"{_p(worst)}; target <= {sz['vanilla_target']:.0%}, bound {sz['vanilla_bound']:.0%}); estimated "
+           f"{sz['estimate_s'] / 60:.1f} min against a {sz['target_s'] / 60:.0f}-minute target. \"predicted hit\": "
+           f"the per-replica LRU curves in the closed loop's send order (sticky: a CRC32 hash of the conversation, "
+           f"not HAProxy's ring)."]
+    if sz.get("problem"):
+        out.append(f"Sizing: {sz['problem']}.")
+    return out + [""]
+
+
 def write_report(doc: dict[str, Any], out: Path) -> Path:
     """``out/report.md`` and its plots; returns the report's path."""
     try:
@@ -273,6 +297,7 @@ def write_report(doc: dict[str, Any], out: Path) -> Path:
              f"Per replica: vLLM KV {c['kv_cache_tokens']:,} tokens, kvtier RAM {c['ram_tokens']:,} tokens, SSD "
              f"{c['ssd_tokens']:,} tokens (cluster working set {c['working_set_tokens']:,} tokens); shared tier "
              f"{c['shared_tokens']:,} tokens. Every run: the same requests, its own cache salt (empty caches).", "",
+             *_sizing_lines(doc),
              "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(doc)]
     lines += ["", "## Targets (same run)", ""] + [f"- {x}" for x in target_lines(doc)]

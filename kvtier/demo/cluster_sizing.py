@@ -1,10 +1,11 @@
 """The cluster demo's workload and per-replica capacities, read off per-replica miss-ratio curves.
 
-The workload is small (short prompts, short live replies, a few dozen requests per run: on a
-2-vCPU machine every configuration x routing mode must fit a few minutes together):
+The workload is small (short prompts, short live replies, a few dozen to a hundred-odd requests per
+run: on a 2-vCPU machine every configuration x routing mode must fit a few minutes together):
 
 * ``companion``: the single-machine demo's AI-companion chat (``kvtier.demo.companion.generate``
-  with a ``CompanionDemoSize``: one character per chat, live history), shrunk;
+  with a ``CompanionDemoSize``: live history), shrunk; ``companion_sizes`` are the starting points
+  (the fewest users tried, the token lengths at scale 1) of ``kvtier.demo.cluster_interleaving``;
 * ``longdoc``: long-document QA (``kvtier.workload.longdoc``): many users ask about the same few
   documents, each question its own conversation.
 
@@ -17,7 +18,23 @@ tier a third of it) is the smallest that serves ``STICKY_SHARE`` of the sticky s
 kept below ``LOCAL_MAX_SHARE`` of the cluster's working set: one replica's local tiers hold its
 sticky share but not the cluster's working set, and at least twice vLLM's own KV space, which is
 the smallest the engine accepts (one full-length request and a block; more requests queue); the shared tier holds ``SHARED_WORKING_SETS``
-working sets. Predicted hit rates per (local, routing) come from the same curves. Side-effect free.
+working sets. Predicted hit rates per (configuration, routing) come from the same curves, one per
+replica, weighted by the prompt tokens each replica gets (``predict``): vanilla at vLLM's own KV
+space, local at the local capacity (the inclusive RAM tier adds nothing beyond the SSD's reach).
+
+The companion workload's interleaving (users, conversations, token lengths) is not fixed: it is
+chosen (``kvtier.demo.cluster_interleaving``) so that vLLM's own KV space, at its floor, sits where
+the per-replica round-robin curve predicts at most ``VANILLA_TARGET`` (the published regime: plain
+vLLM's prefix cache hits a few per cent of the prompt tokens, because a returning turn comes back
+after many other conversations' turns), within the time target where the machine allows.
+
+Time (``run_estimates``): each run is the closed loop of ``kvtier.demo.sizing.config_seconds`` at
+the share of the ideal hit rate predicted for it (vanilla at its curve point, local at its, the
+shared tier and the KV-aware router at the ideal), per replica (its conversations, its share of the
+users, vLLM's KV space: requests queue beyond it and a lone request decodes alone), the slowest
+replica's makespan; sticky splits by the hash law of ``sticky_replica`` (HAProxy's own ring may split
+differently).
+Side-effect free.
 """
 
 from __future__ import annotations
@@ -37,6 +54,11 @@ RAM_SHARE_OF_LOCAL = 1 / 3
 SHARED_WORKING_SETS = 4
 MIN_LOCAL_CHUNKS = 4
 ENGINE_MULTIPLE = 2
+VANILLA_TARGET = 0.05     # vLLM's own KV space: the round-robin curve predicts at most this on every replica ...
+VANILLA_BOUND = 0.08      # ... and never more than this (the published regime's bound)
+RUN_SLACK = 1.1           # a run vs its slowest replica's closed loop (client and balancer share the host)
+RUN_OVERHEAD_S = 8.0      # per run: balancer start, snapshots, settling
+DEFAULT_STARTUP_S = 45.0  # a replica's start-up before the calibration measured one
 WORKLOADS = ("companion", "longdoc")
 
 
@@ -110,13 +132,21 @@ class ClusterPlan:
     max_model_len: int
     history: str
     capacities: Capacities
-    predicted: dict[str, float]          # "local/roundrobin", "local/sticky", "ideal"
-    run_s: float                         # one routing run, estimated
+    predicted: dict[str, float]          # "<config>/<routing>" (vanilla, local) and "ideal"
+    run_s: float                         # the longest routing run, estimated
     size: dict[str, Any]
+    #: per "<config>/<routing>", that run's estimated seconds (``run_estimates``)
+    run_estimates: dict[str, float] = dataclasses.field(default_factory=dict)
+    #: per "<config>/<routing>" (vanilla, local), each replica's predicted token hit rate
+    predicted_per_replica: dict[str, list[float]] = dataclasses.field(default_factory=dict)
+    #: how the interleaving was chosen (``kvtier.demo.cluster_interleaving.Interleaving.to_dict``)
+    sizing: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def estimate_s(self, runs: int, configs: int, startup_s: float, calibration_s: float) -> float:
+    def estimate_s(self, runs: Sequence[tuple[str, str]], startup_s: float, calibration_s: float) -> float:
         """Calibration + one start-up of all replicas per configuration (in parallel) + the runs."""
-        return calibration_s + configs * startup_s * 1.3 + runs * (self.run_s + 8.0)
+        configs = {c for c, _ in runs}
+        return (calibration_s + len(configs) * startup_s * 1.3
+                + sum(self.run_estimates.get(f"{c}/{r}", self.run_s) + RUN_OVERHEAD_S for c, r in runs))
 
 
 def workload_facts(header: Any, convs: list, tokenizer: Any) -> Any:
@@ -203,38 +233,133 @@ def choose_local_chunks(sticky: Any, working_set_chunks: int, engine_chunks: int
     return max(MIN_LOCAL_CHUNKS, min(int(want), cap))
 
 
-def plan_cluster(workload: str, quick: bool, replicas: int, tokenizer: Any, profile: Any,
-                 kv_bytes_per_token: int, history: str = "live") -> ClusterPlan:
-    """The plan of one cluster demo (module docstring)."""
-    from kvtier.demo.regime import send_order
-    from kvtier.demo.sizing import ENGINE_BLOCK_TOKENS, config_seconds
+def predict(trace: Any, order: Sequence[tuple[int, int]], conv_ids: Sequence[str], replicas: int,
+            points: dict[str, int]) -> tuple[dict[str, float], dict[str, list[float]], dict[str, Any]]:
+    """(cluster hit rate, per-replica hit rates, replica 0's curve) per "<name>/<routing>" for each
+    capacity ``points[name]`` (chunks), for both routing modes: each replica's curve at the capacity,
+    weighted by the prompt tokens it gets. Replica 0's curves are returned by routing mode."""
+    cluster: dict[str, float] = {}
+    per: dict[str, list[float]] = {}
+    first: dict[str, Any] = {}
+    tokens = [int(trace.prompt_tokens[int(trace.conv_offsets[ci]) + k]) for ci, k in order]
+    for routing in ("roundrobin", "sticky"):
+        where = split(order, conv_ids, replicas, routing)
+        curves, weights = [], []
+        for rep in range(replicas):
+            mine = [x == rep for x in where]
+            curves.append(replica_curve(trace, order, mine))
+            weights.append(sum(t for t, m in zip(tokens, mine) if m))
+        first[routing] = curves[0]
+        for name, chunks in points.items():
+            hits = [float(c.at(chunks)) for c in curves]
+            per[f"{name}/{routing}"] = hits
+            cluster[f"{name}/{routing}"] = sum(h * w for h, w in zip(hits, weights)) / max(1, sum(weights))
+    return cluster, per, first
 
-    header, convs, size, size_dict = generate_workload(workload, quick, tokenizer)
+
+def replica_facts(facts: Any, conv_ids: Sequence[str], replicas: int, routing: str) -> list[tuple[Any, float]]:
+    """Per replica, (the facts of the conversations it serves, its share of the conversations): under
+    round-robin every replica serves about 1 / N of every conversation's turns, modelled as conversation
+    i on replica i mod N; under sticky each conversation on its ``sticky_replica``."""
+    out = []
+    for rep in range(replicas):
+        mine = [i for i in range(len(facts.conversations))
+                if (i % replicas if routing != "sticky" else sticky_replica(conv_ids[i], replicas)) == rep]
+        convs = tuple(facts.conversations[i] for i in mine)
+        turns = [t for c in convs for t in c]
+        sub = dataclasses.replace(facts, requests=len(turns), prompt_tokens=sum(t.prompt_tokens for t in turns),
+                                  ideal_hit_tokens=sum(t.ideal_hit_tokens for t in turns),
+                                  think_s=sum(t.think_s for c in convs for t in c[1:]), conversations=convs)
+        out.append((sub, len(mine) / max(1, len(facts.conversations))))
+    return out
+
+
+def run_estimates(profile: Any, facts: Any, conv_ids: Sequence[str], users: int, think: float, out: int | None,
+                  replicas: int, engine_tokens: int, predicted: dict[str, float]) -> dict[str, float]:
+    """Estimated seconds of every (configuration, routing) run (module docstring): per replica, the
+    closed loop of its conversations with its share of the users and vLLM's KV space (requests queue
+    beyond it; a lone request's decode is not batched), the slowest replica's makespan."""
+    from kvtier.demo.sizing import config_seconds
+
+    ideal = predicted.get("ideal") or facts.ideal_hit_rate
+    split_facts = {r: replica_facts(facts, conv_ids, replicas, r) for r in ("roundrobin", "sticky")}
+    cache: dict[tuple[str, float], float] = {}
+
+    def seconds(routing: str, hit: float) -> float:
+        share = round(min(1.0, hit / ideal), 3) if ideal > 0 else 0.0
+        key = ("sticky" if routing == "sticky" else "roundrobin", share)
+        if key not in cache:
+            cache[key] = RUN_SLACK * max(
+                config_seconds(profile, f, max(1, round(users * w)), think, share, out, kv_tokens=engine_tokens)
+                for f, w in split_facts[key[0]] if f.requests)
+        return cache[key]
+
+    return {f"{c}/{r}": seconds(r, predicted.get(f"{c}/{r}", ideal))
+            for c in ("vanilla", "local", "shared") for r in ("roundrobin", "sticky", "kv-aware")}
+
+
+def engine_tokens_for(size: Any, history: str) -> tuple[int, int]:
+    """(max_model_len, vLLM's KV space in tokens: one full-length request and a block, whole blocks)."""
+    from kvtier.demo.sizing import ENGINE_BLOCK_TOKENS
+
+    reply_cap = 5 * getattr(size, "assistant_tokens", 0) if history == "live" else size.max_tokens
+    max_len = size.max_prompt_tokens + max(size.max_tokens, reply_cap) + 64
+    return max_len, -(-(max_len + ENGINE_BLOCK_TOKENS) // ENGINE_BLOCK_TOKENS) * ENGINE_BLOCK_TOKENS
+
+
+def plan_for_size(workload: str, size: Any, header: Any, convs: list, replicas: int, tokenizer: Any, profile: Any,
+                  kv_bytes_per_token: int, history: str = "live") -> ClusterPlan:
+    """The plan of one cluster demo on a given workload and size (module docstring)."""
+    from kvtier.demo.regime import send_order
+
     if workload == "longdoc":
         history = "workload"                  # single-turn conversations: no history to carry
     facts = workload_facts(header, convs, tokenizer)
     users, think = size.concurrency, size.think_time_scale
-    order = send_order(facts, users, profile, think)
+    out = None if history == "live" else size.max_tokens
+    order = send_order(facts, users, profile, think, out_tokens=out)
     conv_ids = [c.id for c in convs]
     ws_chunks = -(-facts.working_set_tokens // DEMO_CHUNK_TOKENS)
-    curves = {r: replica_curve(facts.trace, order, [x == 0 for x in split(order, conv_ids, replicas, r)])
-              for r in ("roundrobin", "sticky")}
-    reply_cap = 5 * getattr(size, "assistant_tokens", 0) if history == "live" else size.max_tokens
-    max_len = size.max_prompt_tokens + max(size.max_tokens, reply_cap) + 64
-    engine = -(-(max_len + ENGINE_BLOCK_TOKENS) // ENGINE_BLOCK_TOKENS) * ENGINE_BLOCK_TOKENS
-    local = choose_local_chunks(curves["sticky"], ws_chunks, engine // DEMO_CHUNK_TOKENS)
+    max_len, engine = engine_tokens_for(size, history)
+    _, _, first = predict(facts.trace, order, conv_ids, replicas, {})
+    local = choose_local_chunks(first["sticky"], ws_chunks, engine // DEMO_CHUNK_TOKENS)
     caps = Capacities(kv_cache_tokens=engine,
                       ram_tokens=max(2, round(local * RAM_SHARE_OF_LOCAL)) * DEMO_CHUNK_TOKENS,
                       ssd_tokens=local * DEMO_CHUNK_TOKENS,
                       shared_tokens=max(SHARED_WORKING_SETS * ws_chunks, 64) * DEMO_CHUNK_TOKENS,
                       working_set_tokens=facts.working_set_tokens, kv_bytes_per_token=kv_bytes_per_token)
-    predicted = {f"local/{r}": float(c.at(local)) for r, c in curves.items()}
+    predicted, per, _ = predict(facts.trace, order, conv_ids, replicas,
+                                {"vanilla": engine // DEMO_CHUNK_TOKENS, "local": local})
     predicted["ideal"] = facts.ideal_hit_rate
-    out = None if history == "live" else size.max_tokens
-    run_s = config_seconds(profile, facts, users, think, 0.7, out) / replicas * 1.25
+    runs = run_estimates(profile, facts, conv_ids, users, think, out, replicas, engine, predicted)
     return ClusterPlan(workload=workload, header=header, conversations=convs, facts=facts, concurrency=users,
                        think_time_scale=think, max_model_len=max_len, history=history, capacities=caps,
-                       predicted=predicted, run_s=run_s, size=size_dict)
+                       predicted=predicted, run_s=max(runs.values()), size=asdict(size), run_estimates=runs,
+                       predicted_per_replica=per)
+
+
+def default_runs(quick: bool) -> list[tuple[str, str]]:
+    """The (configuration, routing) runs of the demo's default for the mode."""
+    from kvtier.demo.cluster import ClusterOptions
+
+    return ClusterOptions(quick=quick).runs()
+
+
+def plan_cluster(workload: str, quick: bool, replicas: int, tokenizer: Any, profile: Any,
+                 kv_bytes_per_token: int, history: str = "live", *, startup_s: float = DEFAULT_STARTUP_S,
+                 calibration_s: float = 0.0, runs: Sequence[tuple[str, str]] | None = None) -> ClusterPlan:
+    """The plan of one cluster demo (module docstring). The companion workload's interleaving is
+    chosen for ``runs`` (default: the mode's) within the mode's time target
+    (``kvtier.demo.cluster_interleaving``); the long-document workload's size is fixed."""
+    runs = list(runs) if runs is not None else default_runs(quick)
+    if workload == "companion":
+        from kvtier.demo.cluster_interleaving import choose_interleaving
+
+        base = companion_sizes()["quick" if quick else "default"]
+        return choose_interleaving(base, replicas, tokenizer, profile, kv_bytes_per_token, history, runs=runs,
+                                   startup_s=startup_s, calibration_s=calibration_s).plan
+    header, convs, size, _ = generate_workload(workload, quick, tokenizer)
+    return plan_for_size(workload, size, header, convs, replicas, tokenizer, profile, kv_bytes_per_token, history)
 
 
 def with_history(plan: ClusterPlan, history: str) -> ClusterPlan:

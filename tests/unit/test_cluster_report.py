@@ -104,5 +104,7 @@ def test_document_and_report(tmp_path: Path):
     path = write_report(doc, tmp_path)
     text = path.read_text()
     assert "| shared/roundrobin |" in text and "| local/roundrobin |" in text
+    # predicted beside measured: the curves' prediction for the runs that have one
+    assert "| predicted hit | hit rate |" in text and "| local/roundrobin | 4/0 | 40.0% | 35.6% |" in text
     assert "of the single-machine ideal" in text
     assert (tmp_path / "hit_rate.png").stat().st_size > 0 and (tmp_path / "ttft_tiers.png").stat().st_size > 0
