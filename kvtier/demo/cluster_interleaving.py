@@ -167,7 +167,8 @@ def choose_interleaving(base: Any, replicas: int, tokenizer: Any, profile: Any, 
     if chosen is None:                 # over the target: at each length scale, the fewest users reaching it
         for g in LENGTH_SCALES:
             for users in user_steps(base.concurrency):
-                if (g, users) not in attempted and attempt(g, users)[0].reached:
+                done = [c for c, _ in tried if (c.length_scale, c.users) == (g, users)]
+                if any(c.reached for c in done) or ((g, users) not in attempted and attempt(g, users)[0].reached):
                     break
         reached = [x for x in tried if x[0].reached]
         chosen = (min(reached, key=lambda x: x[0].estimate_s) if reached
