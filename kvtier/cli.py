@@ -31,6 +31,7 @@ COMMAND_MODULES: tuple[tuple[str, str | None], ...] = (
     ("kvtier.commands.serve_cmd", None),           # serve (vLLM + kvtier connector)
     ("kvtier.commands.stats_cmd", None),           # stats (connector/store metrics)
     ("kvtier.commands.ttft_cmd", "bench"),         # bench ttft
+    ("kvtier.commands.encoding_cmd", "bench"),     # bench encoding
     ("kvtier.commands.prefetch_cmd", "bench"),     # bench prefetch
     ("kvtier.commands.sim_cmd", None),             # simulate, plan, calibrate
 )

@@ -4,8 +4,9 @@ The TTFT bench and the long-document demo measure a hit from a shared tier in a 
 whose own RAM and SSD are empty. The chunks it reads must already be in the backend. Instead
 of one more cold prefill per backend (60-90 s at 8K tokens on a 2-core CPU), the chunk files a
 writer engine left in its SSD directory are copied into the backend through the backend
-tier's own ``put`` (the same encoded format, keys and parent links a store writes; only who
-calls ``put`` differs). ``seed_shared`` verifies every file first (a torn or foreign file is
+tier's own ``put`` (the same encoded format, keys and parent links a store writes, in the
+config's ``encoding`` through the same ``EncodedTier`` a store opens; only who calls ``put``
+differs). ``seed_shared`` verifies every file first (a torn or foreign file is
 skipped and counted), writes parents before children, and reads the chain back with one
 ``longest_prefix`` per namespace so a seeded row cannot silently miss.
 
@@ -13,7 +14,8 @@ skipped and counted), writes parents before children, and reads the chain back w
 and the config "machine B" (the fresh engine) reads with, e.g. the same JuiceFS directory
 through two mounts, plus files to evict from the page cache before each timed hit.
 
-Side effects: ``seed_shared`` writes into the backend; nothing else here does I/O.
+Side effects: ``seed_shared`` writes into the backend; ``chunk_files`` / ``read_chunk_file`` (a disk
+tier directory's verified chunks, also what ``bench encoding`` measures its codecs on) only read.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import TypeAdapter, ValidationError
 
@@ -125,35 +127,49 @@ def _leaves_chains(metas: dict[bytes, Any]) -> list[list[bytes]]:
     return chains
 
 
-def seed_shared(disk_path: Path, shared: dict[str, Any], log=print) -> SeedResult:
-    """Copy every verified chunk under the disk tier directory ``disk_path`` into the shared backend
-    ``shared`` (a ``store.shared`` config), one namespace at a time; see the module doc."""
-    from kvtier.chunk import ChunkError, decode
+def chunk_files(disk_path: Path) -> Iterator[tuple[Any, list[Path]]]:
+    """Per namespace under the disk tier directory ``disk_path``: its ``Namespace`` (checked against
+    the recorded digest) and its chunk files, in name order."""
     from kvtier.keys import Namespace
-    from kvtier.metrics import Telemetry
     from kvtier.tiers.disklayout import SUFFIX, NamespaceDir
-    from kvtier.tiers.protocol import Deadline
-    from kvtier.tiers.registry import backend_class
 
-    cfg = shared_config(shared)
-    res = SeedResult()
-    t0 = time.perf_counter()
     for nsd in NamespaceDir.all_under(Path(disk_path)):
         info = json.loads(nsd.namespace_json.read_text())
         ns = Namespace(**info["namespace"])
         if ns.digest().hex() != info["digest"]:
             raise ConfigError(f"{nsd.namespace_json}: namespace fields do not give the recorded digest")
+        yield ns, [f for sub in sorted(nsd.chunks.iterdir()) for f in sorted(sub.glob("*" + SUFFIX))]
+
+
+def read_chunk_file(ns: Any, path: Path) -> tuple[Any, memoryview]:
+    """The verified (meta, payload) of one chunk file of namespace ``ns``; ``ChunkError`` or
+    ``ValueError`` when it does not verify."""
+    from kvtier.chunk import decode
+
+    return decode(ns.digest(), path.read_bytes(), bytes.fromhex(path.name[:64]))
+
+
+def seed_shared(disk_path: Path, shared: dict[str, Any], log=print) -> SeedResult:
+    """Copy every verified chunk under the disk tier directory ``disk_path`` into the shared backend
+    ``shared`` (a ``store.shared`` config), one namespace at a time; see the module doc."""
+    from kvtier.chunk import ChunkError
+    from kvtier.metrics import Telemetry
+    from kvtier.tiers.protocol import Deadline
+    from kvtier.tiers.registry import open_shared_backend
+
+    cfg = shared_config(shared)
+    res = SeedResult()
+    t0 = time.perf_counter()
+    for ns, files in chunk_files(Path(disk_path)):
         blobs: dict[bytes, tuple[Any, memoryview]] = {}
-        for sub in sorted(nsd.chunks.iterdir()):
-            for f in sorted(sub.glob("*" + SUFFIX)):
-                data = f.read_bytes()
-                try:
-                    meta, payload = decode(ns.digest(), data, bytes.fromhex(f.name[:64]))
-                except (ChunkError, ValueError) as e:
-                    res.skipped.append(f"{f.name}: {e}")
-                    continue
-                blobs[meta.key] = (meta, payload)
-        tier = backend_class(cfg.kind).open(cfg, ns, Telemetry())
+        for f in files:
+            try:
+                meta, payload = read_chunk_file(ns, f)
+            except (ChunkError, ValueError) as e:
+                res.skipped.append(f"{f.name}: {e}")
+                continue
+            blobs[meta.key] = (meta, payload)
+        tier = open_shared_backend(cfg, ns, Telemetry())     # in ``cfg.encoding``, as a store would write
         try:
             metas = {k: m for k, (m, _) in blobs.items()}
             for k in _chain_order(metas):
