@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtier.bench.encoding_quality import common_prefix
 from kvtier.client.stream import ClientOptions
 from kvtier.client.history import sent_messages
 from kvtier.client.replay import ReplayOptions, replay_conversations
@@ -35,15 +36,6 @@ pytestmark = pytest.mark.integration
 CHUNK = 128
 WORDS = ("cache memory latency token prefix server request disk vector model layer block tier store chunk "
          "query answer river mountain window garden music number letter history science ocean forest").split()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _conversation() -> Conversation:
@@ -84,7 +76,7 @@ def test_live_history_sends_the_real_reply_and_kvtier_serves_it(bundled_model, b
     assert r0.prompt_token_ids == tok.render_chat(m0) and r0.token_ids
     p0, p1 = r0.prompt_token_ids, r1.prompt_token_ids
     prompt_chunks = len(p0) // CHUNK * CHUNK
-    stable = _common_prefix(p0 + r0.token_ids, p1)           # how far the reply's ids survive re-encoding
+    stable = common_prefix(p0 + r0.token_ids, p1)           # how far the reply's ids survive re-encoding
     with_reply = min(stable, len(p0) + len(r0.token_ids) - 1) // CHUNK * CHUNK
     print(f"\nturn 0: prompt {len(p0)} tokens, reply {len(r0.token_ids)} tokens; turn 1: prompt {len(p1)}, "
           f"cached {r1.cached_tokens}; ids stable through the template for {stable - len(p0)} of the reply's "
