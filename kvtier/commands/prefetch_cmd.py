@@ -26,6 +26,15 @@ def _sizes(value: str, flag: str) -> int:
         raise typer.BadParameter(f"{flag}: {e}") from None
 
 
+def error_line(error: str) -> str:
+    """A server's error on one line: its first line, and where the error goes on (a server's log tail),
+    the last non-blank line too, which names the cause (e.g. vLLM refusing its KV space)."""
+    lines = [x.strip() for x in error.splitlines() if x.strip()]
+    if not lines:
+        return "failed"
+    return lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+
+
 def _latencies(value: str) -> tuple[float, ...]:
     try:
         return tuple(float(x) for x in value.split(",") if x.strip())
@@ -97,7 +106,7 @@ def prefetch(
     if json_path is not None:
         write_json_out(json_path, res.to_dict())
     if res.errors:
-        _fail("; ".join(f"{k}: {v.splitlines()[0]}" for k, v in res.errors.items()))
+        _fail("; ".join(f"{k}: {error_line(v)}" for k, v in res.errors.items()))
 
 
 def register(app: typer.Typer) -> None:

@@ -86,3 +86,11 @@ def test_cli_bad_input_is_one_clear_error(tmp_path, args, msg):
                            env={"COLUMNS": "250"})
     assert r.exit_code != 0
     assert msg in r.output and "Traceback" not in r.output
+
+
+def test_a_server_error_names_its_cause_on_one_line():
+    err = ("server 'writer' exited with code 1 during startup; last log lines (/o/writer/server.log):\n"
+           "INFO starting\n  ValueError: To serve at least one request with the model's max seq len (2048) ...\n\n")
+    line = prefetch_cmd.error_line(err)
+    assert "\n" not in line and line.startswith("server 'writer' exited") and line.endswith("max seq len (2048) ...")
+    assert prefetch_cmd.error_line("refused") == "refused" and prefetch_cmd.error_line("") == "failed"
