@@ -40,6 +40,7 @@ from typing import Any, Sequence
 
 from kvtier.demo.cluster_replicas import CONFIGS, SharedBackend, replica_specs, start_replicas, stop_all
 from kvtier.demo.common import DEMO_CHUNK_TOKENS, DemoError, ModelFacts, console, red, write_json
+from kvtier.demo.sizing import OVER_TARGET
 
 ROUTINGS = ("roundrobin", "sticky", "kv-aware")
 ROUTINGS_OF = {"vanilla": ("roundrobin", "sticky"), "local": ROUTINGS, "shared": ROUTINGS}
@@ -139,7 +140,7 @@ def _print_plan(plan: Any, runs: Sequence[tuple[str, str]], est: float, opts: Cl
     problem = plan.sizing.get("problem")
     if problem:
         red(problem)
-    elif est > 1.1 * target:
+    elif est > OVER_TARGET * target:
         red(f"this does not fit the {target / 60:.0f}-minute target on this machine: estimated {est / 60:.1f} min, "
             f"{(est - target) / 60:.1f} min over")
     sz = plan.sizing

@@ -30,12 +30,12 @@ from typing import Any, Sequence
 
 from kvtier.demo.cluster_sizing import (DEFAULT_STARTUP_S, VANILLA_BOUND, VANILLA_TARGET, ClusterPlan,
                                         plan_for_size)
+from kvtier.demo.sizing import OVER_TARGET   # an estimate within this x the target fits it (the companion demo's rule)
 
 USER_STEPS = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0)
 CONVERSATIONS_PER_USER = (1.5, 2.0)     # tried in turn: the seeded workloads of neighbouring sizes differ
 LENGTH_SCALES = (1.0, 0.8, 0.65, 0.5)
 MIN_MAX_PROMPT_TOKENS = 256
-OVER_TARGET = 1.1           # an estimate within this x the target fits it (the companion demo's rule)
 
 
 @dataclass(frozen=True)

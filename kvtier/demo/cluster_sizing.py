@@ -233,15 +233,11 @@ def choose_local_chunks(sticky: Any, working_set_chunks: int, engine_chunks: int
     return max(MIN_LOCAL_CHUNKS, min(int(want), cap))
 
 
-def predict(trace: Any, order: Sequence[tuple[int, int]], conv_ids: Sequence[str], replicas: int,
-            points: dict[str, int]) -> tuple[dict[str, float], dict[str, list[float]], dict[str, Any]]:
-    """(cluster hit rate, per-replica hit rates, replica 0's curve) per "<name>/<routing>" for each
-    capacity ``points[name]`` (chunks), for both routing modes: each replica's curve at the capacity,
-    weighted by the prompt tokens it gets. Replica 0's curves are returned by routing mode."""
-    cluster: dict[str, float] = {}
-    per: dict[str, list[float]] = {}
-    first: dict[str, Any] = {}
+def replica_curves(trace: Any, order: Sequence[tuple[int, int]], conv_ids: Sequence[str],
+                   replicas: int) -> dict[str, tuple[list[Any], list[int]]]:
+    """Per routing mode, (each replica's curve, the prompt tokens each replica gets)."""
     tokens = [int(trace.prompt_tokens[int(trace.conv_offsets[ci]) + k]) for ci, k in order]
+    out: dict[str, tuple[list[Any], list[int]]] = {}
     for routing in ("roundrobin", "sticky"):
         where = split(order, conv_ids, replicas, routing)
         curves, weights = [], []
@@ -249,12 +245,23 @@ def predict(trace: Any, order: Sequence[tuple[int, int]], conv_ids: Sequence[str
             mine = [x == rep for x in where]
             curves.append(replica_curve(trace, order, mine))
             weights.append(sum(t for t, m in zip(tokens, mine) if m))
-        first[routing] = curves[0]
+        out[routing] = curves, weights
+    return out
+
+
+def predict(curves: dict[str, tuple[list[Any], list[int]]],
+            points: dict[str, int]) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(cluster hit rate, per-replica hit rates) per "<name>/<routing>" for each capacity
+    ``points[name]`` (chunks), for both routing modes (``replica_curves``): each replica's curve at the
+    capacity, weighted by the prompt tokens it gets."""
+    cluster: dict[str, float] = {}
+    per: dict[str, list[float]] = {}
+    for routing, (cs, weights) in curves.items():
         for name, chunks in points.items():
-            hits = [float(c.at(chunks)) for c in curves]
+            hits = [float(c.at(chunks)) for c in cs]
             per[f"{name}/{routing}"] = hits
             cluster[f"{name}/{routing}"] = sum(h * w for h, w in zip(hits, weights)) / max(1, sum(weights))
-    return cluster, per, first
+    return cluster, per
 
 
 def replica_facts(facts: Any, conv_ids: Sequence[str], replicas: int, routing: str) -> list[tuple[Any, float]]:
@@ -321,15 +328,14 @@ def plan_for_size(workload: str, size: Any, header: Any, convs: list, replicas: 
     conv_ids = [c.id for c in convs]
     ws_chunks = -(-facts.working_set_tokens // DEMO_CHUNK_TOKENS)
     max_len, engine = engine_tokens_for(size, history)
-    _, _, first = predict(facts.trace, order, conv_ids, replicas, {})
-    local = choose_local_chunks(first["sticky"], ws_chunks, engine // DEMO_CHUNK_TOKENS)
+    curves = replica_curves(facts.trace, order, conv_ids, replicas)
+    local = choose_local_chunks(curves["sticky"][0][0], ws_chunks, engine // DEMO_CHUNK_TOKENS)
     caps = Capacities(kv_cache_tokens=engine,
                       ram_tokens=max(2, round(local * RAM_SHARE_OF_LOCAL)) * DEMO_CHUNK_TOKENS,
                       ssd_tokens=local * DEMO_CHUNK_TOKENS,
                       shared_tokens=max(SHARED_WORKING_SETS * ws_chunks, 64) * DEMO_CHUNK_TOKENS,
                       working_set_tokens=facts.working_set_tokens, kv_bytes_per_token=kv_bytes_per_token)
-    predicted, per, _ = predict(facts.trace, order, conv_ids, replicas,
-                                {"vanilla": engine // DEMO_CHUNK_TOKENS, "local": local})
+    predicted, per = predict(curves, {"vanilla": engine // DEMO_CHUNK_TOKENS, "local": local})
     predicted["ideal"] = facts.ideal_hit_rate
     runs = run_estimates(profile, facts, conv_ids, users, think, out, replicas, engine, predicted)
     return ClusterPlan(workload=workload, header=header, conversations=convs, facts=facts, concurrency=users,
