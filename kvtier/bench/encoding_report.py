@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kvtier.bench.encoding_bench import EncodingReport
+from kvtier.units import percent
 
 
 def _f(v, digits: int = 1) -> str:
@@ -12,10 +13,6 @@ def _f(v, digits: int = 1) -> str:
 def _g(v) -> str:
     """Three significant digits: a float32 noise floor (1e-6) and a lossy shift (1e-2) both readable."""
     return "—" if v is None else f"{v:.3g}"
-
-
-def _pct(v) -> str:
-    return "—" if v is None else f"{100 * v:.1f}%"
 
 
 def codec_lines(rows: list[dict]) -> list[str]:
@@ -62,8 +59,8 @@ def quality_lines(report: EncodingReport) -> list[str]:
            "max abs Δ logprob | first token abs Δ logprob | loads proved | tokens loaded |",
            "|---|---|---|---|---|---|---|---|---|"]
     for enc, q in report.quality.items():
-        out.append(f"| {enc} | {q['identical']} / {q['prompts']} ({_pct(q['identical_share'])}) | "
-                   f"{_pct(q['prefix_share'])} | {_pct(q['position_share'])} | {_g(q['mean_abs_dlogprob'])} | "
+        out.append(f"| {enc} | {q['identical']} / {q['prompts']} ({percent(q['identical_share'])}) | "
+                   f"{percent(q['prefix_share'])} | {percent(q['position_share'])} | {_g(q['mean_abs_dlogprob'])} | "
                    f"{_g(q['max_abs_dlogprob'])} | {_g(q['first_token_abs_dlogprob'])} | "
                    f"{q['proved_prompts']} / {q['prompts']} | {q['loaded_tokens']:,} of {q['prompt_tokens']:,} |")
     return out + [""]

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from kvtier.commands.json_out import is_stdout, json_option, write_json_out
+from kvtier.commands.size_option import cli_size
 
 err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
@@ -55,13 +56,10 @@ def encoding(
     stored and reads on real stores, and int8 against float32 recompute (zstd must be token-exact)."""
     from kvtier.bench.encoding_bench import EncodingOptions, run_encoding
     from kvtier.bench.encoding_report import report_markdown
-    from kvtier.config import kvtier_home, parse_size
+    from kvtier.config import kvtier_home
     from kvtier.model import default_model_path
 
-    try:
-        vol = parse_size(volume)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint="--volume") from None
+    vol = cli_size(volume, "--volume")
     for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
         if p is not None and not p.is_dir():
             raise typer.BadParameter(f"{p} is not a directory", param_hint=flag)

@@ -13,17 +13,10 @@ from rich.table import Table
 from kvtier.commands.bench_cmd import CONCURRENCY_HELP, MAX_REQUESTS_HELP, THINK_HELP, _fail, _replay_options
 from kvtier.commands.dtype_option import dtype_option, resolve_cli_dtype
 from kvtier.commands.json_out import human_to_stderr, is_stdout, json_option, write_json_out
+from kvtier.commands.size_option import cli_size
 from kvtier.units import percent, ratio, seconds
 
 console = Console()
-
-
-def _sizes(value: str, flag: str) -> int:
-    from kvtier.config import parse_size
-    try:
-        return parse_size(value)
-    except (TypeError, ValueError) as e:
-        raise typer.BadParameter(f"{flag}: {e}") from None
 
 
 def error_line(error: str) -> str:
@@ -75,8 +68,8 @@ def prefetch(
         dtype = resolve_cli_dtype(dtype, say=False).dtype
     opts = PrefetchBenchOptions(model=model or default_model(), dtype=dtype, kv_cache_space_gib=kv_cache_space_gib,
                                 max_model_len=max_model_len, chunk_size=chunk_size,
-                                ram_bytes=_sizes(memory_capacity, "--memory-capacity"),
-                                prefetch_bytes=_sizes(prefetch_ram, "--prefetch-ram"),
+                                ram_bytes=cli_size(memory_capacity, "--memory-capacity"),
+                                prefetch_bytes=cli_size(prefetch_ram, "--prefetch-ram"),
                                 latencies_ms=_latencies(latency_ms))
     try:
         opts.check()

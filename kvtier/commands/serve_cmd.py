@@ -34,6 +34,7 @@ from kvtier.commands.dtype_option import HELP as DTYPE_HELP
 from kvtier.commands.serve_launch import (CPU_BLOCK_SIZE, DEFAULT_METRICS_PORT, GPU_BLOCK_SIZE, build_argv,
                                           cpu_backend, env_prefix, flag_value, has_flag, launch_env, pop_flag,
                                           public_config, write_config_file)
+from kvtier.commands.size_option import cli_size
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)  # one line per message, never wrapped
 
@@ -47,26 +48,15 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _size(value: str | None, flag: str) -> int | None:
-    from kvtier.config import parse_size
-
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as e:
-        raise typer.BadParameter(str(e), param_hint=flag) from None
-
-
 def _overrides(memory_capacity: str | None, disk_path: Path | None, disk_capacity: str | None,
                chunk_size: int | None, metrics_port: int | None) -> dict:
     store: dict = {}
-    cap = _size(memory_capacity, "--memory-capacity")
+    cap = cli_size(memory_capacity, "--memory-capacity")
     if cap is not None:
         store["memory"] = {"enabled": cap > 0, "capacity": cap}
     if disk_path is not None:
         store["disk"] = {"enabled": True, "path": str(disk_path)}
-    dcap = _size(disk_capacity, "--disk-capacity")
+    dcap = cli_size(disk_capacity, "--disk-capacity")
     if dcap is not None:
         store.setdefault("disk", {})["capacity"] = dcap
     if chunk_size is not None:
