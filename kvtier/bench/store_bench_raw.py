@@ -5,7 +5,7 @@ device gives.
   bytes, file by file, at the tier's concurrency, with the tier's O_DIRECT choice and one reused
   source/destination buffer. Writes (``WRITE_SHAPES``): ``publish`` = the tier's own sequence
   (create in a ``tmp/`` directory, reserve the blocks, O_DIRECT body + buffered tail, close,
-  rename into a fan-out directory); ``create`` = the same without the rename; ``padded`` (O_DIRECT
+  rename into a fan-out directory, made beforehand as the tier makes them when it opens); ``create`` = the same without the rename; ``padded`` (O_DIRECT
   only) = one O_DIRECT write of the file rounded up to 4 KiB, no tail write, no rename (up to
   4 KiB more per file, one request fewer: a plain-I/O bound the exact-size format cannot reach).
   Reads (``READ_SHAPES``) of the tier's own files: ``plan`` = ``get_into``'s read system calls
@@ -116,14 +116,23 @@ def write_files(layout: NamespaceDir, names: Sequence[str], src: memoryview, fil
                 shape: str, threads: int = 1) -> float:
     """Seconds to write one file per name in ``layout`` (the tier's: ``tmp/<name>.tmp``; ``publish``
     renames each to ``chunks/<name[:2]>/<name>.kvc`` with the tier's ``publish``) with ``threads``
-    threads (thread i writes names i, i+threads, ...), then ``os.sync`` (written back, as the tier's
-    put is timed). Files stay (the caller removes the directory)."""
+    threads (each takes the next name when it is free, as the writer pool takes the next job), then
+    ``os.sync`` (written back, as the tier's put is timed). Files stay (the caller removes the directory)."""
     layout.tmp.mkdir(parents=True, exist_ok=True)
     layout.chunks.mkdir(exist_ok=True)
+    if shape == "publish":
+        layout.make_fanout()          # as the tier's layout at open: outside the timing
     tmp = layout.tmp
 
+    todo = iter(names)
+    lock = threading.Lock()
+
     def work(i: int) -> None:
-        for name in names[i::threads]:
+        while True:
+            with lock:                # the next file to whichever thread is free, as the writer pool's queue
+                name = next(todo, None)
+            if name is None:
+                return
             final = f"{layout.chunks}/{name[:2]}/{name}.kvc" if shape == "publish" else None
             write_one(f"{tmp}/{name}.tmp", final, src, file_bytes, o_direct, shape, layout)
     t0 = time.perf_counter()

@@ -99,6 +99,7 @@ class NamespaceDir:
         self.root.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         self.chunks.mkdir(exist_ok=True, mode=PRIVATE_DIR_MODE)
         self.tmp.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        self.make_fanout()
         if not self.namespace_json.exists():
             tmp = self.tmp / f"namespace.{os.getpid()}.{threading.get_ident()}.tmp"
             tmp.touch(mode=0o600)
@@ -106,15 +107,27 @@ class NamespaceDir:
                                        "namespace": json.loads(namespace.canonical_bytes())}, indent=1))
             os.replace(tmp, self.namespace_json)
 
+    def make_fanout(self) -> None:
+        """Make the 256 fan-out directories ``chunks/00`` .. ``chunks/ff`` that are missing (one
+        listing, then a ``mkdir`` each), so a put publishes with one rename and never pays a
+        directory's creation (a new inode and directory block written back with the chunk)."""
+        have = {e.name for e in os.scandir(self.chunks) if e.is_dir()}
+        for i in range(256):
+            name = f"{i:02x}"
+            if name not in have:
+                os.makedirs(self.chunks / name, mode=PRIVATE_DIR_MODE, exist_ok=True)
+            self._dirs.add(f"{self.chunks}/{name}")
+
     def path_of(self, key: ChunkKey) -> str:
         h = key.hex()
         return f"{self.chunks}/{h[:2]}/{h}{SUFFIX}"
 
     def publish(self, tmp: str, final: str) -> None:
         """Rename the complete file ``tmp`` to its final name (``os.replace``: atomic, a reader sees
-        the name absent or the whole file). The fan-out directory is made the first time this
-        process publishes under it (or again when the rename finds it removed since), so a
-        publish is one system call, not a ``mkdir`` failing with EEXIST, a ``stat`` and the rename.
+        the name absent or the whole file). The fan-out directory is made at ``create``
+        (``make_fanout``), else the first time this process publishes under it (or again when
+        the rename finds it removed since), so a publish is one system call, not a ``mkdir``
+        failing with EEXIST, a ``stat`` and the rename.
         Raises OSError (FileNotFoundError when ``tmp`` itself is gone)."""
         d = os.path.dirname(final)
         if d not in self._dirs:

@@ -1,5 +1,5 @@
 """The disk tier's write path: atomic publish (a crash between the write and the rename leaves no
-visible chunk, partial or whole), one rename per publish once a fan-out directory exists, a
+visible chunk, partial or whole), one rename per publish (the fan-out directories exist from open), a
 removed fan-out directory made again, a failed rename leaving nothing behind, exact files."""
 
 from __future__ import annotations
@@ -86,20 +86,37 @@ def test_a_crash_between_write_and_rename_leaves_no_visible_chunk(tmp_path: Path
         t.close()
 
 
-def test_one_rename_per_publish_once_the_directory_exists(tmp_path: Path, monkeypatch) -> None:
+def test_every_publish_is_one_rename_the_fan_out_directories_exist_from_open(tmp_path: Path, monkeypatch) -> None:
     t = _open(tmp_path)
     calls: list[str] = []
     real_makedirs, real_replace = os.makedirs, os.replace
     monkeypatch.setattr(os, "makedirs", lambda *a, **k: (calls.append("makedirs"), real_makedirs(*a, **k))[1])
     monkeypatch.setattr(os, "replace", lambda *a, **k: (calls.append("replace"), real_replace(*a, **k))[1])
     try:
+        assert sorted(p.name for p in t.layout.chunks.iterdir()) == [f"{i:02x}" for i in range(256)]
         assert t.put(_meta(0, 100), _payload(0, 100))
-        assert calls == ["makedirs", "replace"]               # the first chunk of its prefix makes the directory
+        assert calls == ["replace"]                           # the first chunk under its prefix too
         assert t.delete(KEYS[0])
         calls.clear()
-        assert t.put(_meta(0, 100), _payload(0, 100))          # the directory is known: the rename alone
+        assert t.put(_meta(0, 100), _payload(0, 100))
         assert calls == ["replace"]
         assert list(t.layout.tmp.iterdir()) == []
+    finally:
+        t.close()
+
+
+def test_reopening_makes_the_missing_fan_out_directories_and_keeps_the_chunks(tmp_path: Path) -> None:
+    t = _open(tmp_path)
+    assert t.put(_meta(0, 100), _payload(0, 100))
+    kept = Path(t.path_of(KEYS[0])).parent.name
+    gone = next(f"{i:02x}" for i in range(256) if f"{i:02x}" != kept)
+    t.close()
+    (t.layout.chunks / gone).rmdir()
+    t = _open(tmp_path)
+    try:
+        assert (t.layout.chunks / gone).is_dir()
+        got = t.get(KEYS[0])
+        assert got is not None and bytes(got[1]) == _payload(0, 100)
     finally:
         t.close()
 
