@@ -336,8 +336,10 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, hist
         red(f"this machine is too slow for the target: the smallest size in the published regime is estimated at "
             f"{sizing.estimate_s / 60:.1f} min, {over / 60:.1f} min ({over / sizing.target_s:.0%}) over the "
             f"{sizing.target_s / 60:.0f}-minute target")
+    replies = (f", replies x{sizing.length_scale * sizing.reply_scale:.2f} (~{s.assistant_tokens} tokens)"
+               if sizing.reply_scale != 1.0 else "")
     console.print(f"size for this machine: {s.conversations} conversations, {s.concurrency} users, {f.requests} "
-                  f"requests, {f.prompt_tokens:,} prompt tokens (token lengths x{sizing.length_scale:.2f}, think "
+                  f"requests, {f.prompt_tokens:,} prompt tokens (token lengths x{sizing.length_scale:.2f}{replies}, think "
                   f"times x{sizing.think_scale:.2f}); estimated {sizing.estimate_s / 60:.1f} min (target "
                   f"{sizing.target_s / 60:.0f} min){'; set by ' + '/'.join(sizing.overridden) if sizing.overridden else ''}")
     ideal = "" if history == "workload" else " of the workload's text (the live ideal is computed from the prompts sent)"

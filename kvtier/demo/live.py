@@ -117,14 +117,15 @@ def light_sizing(base: Any, main: Sizing, cal: Calibration, facts_of: Callable[[
     per_user = max(1.0, main.size.conversations / max(1, main.size.concurrency))
     c = max(users, round(users * per_user))
     while True:
-        size = dataclasses.replace(scaled(base, main.length_scale, main.think_scale, c), concurrency=users,
+        size = dataclasses.replace(scaled(base, main.length_scale, main.think_scale, c, main.reply_scale), concurrency=users,
                                    max_tokens=main.size.max_tokens)
         facts = facts_of(size)
         regime = regime_for(size, facts, cal.profile, history)
         total, per = estimate(cal.profile, cal.startup_s, size, facts, history, regime)
         own = total - cal.profile.elapsed_s - cal.startup_s          # no calibration, 3 starts
         if own <= budget_s or c <= users:
-            return Sizing(size=size, length_scale=main.length_scale, think_scale=main.think_scale, estimate_s=own,
+            return Sizing(size=size, length_scale=main.length_scale, reply_scale=main.reply_scale,
+                          think_scale=main.think_scale, estimate_s=own,
                           per_config_s=per, facts=facts, target_s=budget_s, over_target=own > 1.1 * budget_s,
                           overridden=("users",), regime=regime)
         c -= 1

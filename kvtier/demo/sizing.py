@@ -8,6 +8,13 @@ demo generates and tokenizes it, unit tests pass a fake). Three knobs, and what 
   g = 1 / speed_factor (clamped to [``MIN_LENGTH_SCALE``, 1]) makes a request's cold prefill take
   about what it took on the reference machine; think times are multiplied by the service-time
   ratio that remains (speed_factor x g), so think time vs service time is kept.
+* ``reply_scale`` r multiplies the replies' length on top of g (``REPLY_SCALES``, longest first). A
+  cache shortens prefill only: where a decode step is slow against prefill (on a 2-vCPU Intel AMX
+  machine a 1K-token prefill takes 0.9 s and a decode step 50 ms, against 4.5 s and 71 ms on AVX2),
+  a request's decode is most of the service time every queued request waits for, and no hit rate
+  moves TTFT much. At each g the sizing first shortens the replies, then the prompts: the curve-sized
+  default demo on that machine reached the regime only at g = 0.2 with full-length replies (RAM+SSD
+  predicted 1.66x), and at g = 0.6 with replies x0.5 (predicted 2.0x, longer prompts).
 * ``conversations`` C (personas scale with it) is chosen so the estimated wall time is about the
   target, for each interleaving U (users: conversations in flight) that ``kvtier.demo.regime`` tries.
   The capacities are not fractions of the working set: they are read off the workload's miss-ratio
@@ -54,6 +61,8 @@ from kvtier.demo.calibrate import PrefillProfile
 from kvtier.demo.closed_loop import LoopRun, closed_loop_run
 
 MIN_LENGTH_SCALE = 0.2
+#: reply lengths the sizing tries at each length scale, longest first (x the scaled reply length)
+REPLY_SCALES = (1.0, 0.5, 0.25, 0.125)
 ENGINE_BLOCK_TOKENS = 128       # vLLM-cpu's KV block
 MAX_CONVERSATIONS = 256
 #: share of the ideal hit rate each configuration is estimated at when no regime is given (with one,
@@ -129,9 +138,10 @@ class Sizing:
     over_target: bool
     overridden: tuple[str, ...] = ()
     regime: Any = None              # kvtier.demo.regime.Regime: the curve and the three capacities on it
+    reply_scale: float = 1.0        # replies' length x this on top of length_scale (REPLY_SCALES)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"length_scale": self.length_scale, "think_scale": self.think_scale,
+        return {"length_scale": self.length_scale, "reply_scale": self.reply_scale, "think_scale": self.think_scale,
                 "regime_reached": None if self.regime is None else self.regime.reached,
                 "estimate_s": self.estimate_s, "per_config_s": self.per_config_s, "target_s": self.target_s,
                 "over_target": self.over_target, "overridden": list(self.overridden),
@@ -155,15 +165,16 @@ def engine_kv_tokens(size: CompanionLike, facts: WorkloadFacts, block: int = ENG
     return -(-tokens // block) * block
 
 
-def scaled(base: Any, length_scale: float, think_scale: float, conversations: int) -> Any:
-    """``base`` with token lengths x ``length_scale``, think times x ``think_scale`` and C conversations."""
+def scaled(base: Any, length_scale: float, think_scale: float, conversations: int, reply_scale: float = 1.0) -> Any:
+    """``base`` with token lengths x ``length_scale`` (replies x ``reply_scale`` more), think times x
+    ``think_scale`` and C conversations."""
     g = length_scale
     users = max(1, round(conversations * base.concurrency / base.conversations))
     personas = max(1, min(conversations, round(conversations * base.personas / base.conversations)))
     return dataclasses.replace(
         base, conversations=conversations, concurrency=users, personas=personas,
         system_tokens=max(16, round(base.system_tokens * g)), user_tokens=max(4, round(base.user_tokens * g)),
-        assistant_tokens=max(4, round(base.assistant_tokens * g)),
+        assistant_tokens=max(4, round(base.assistant_tokens * g * reply_scale)),
         max_prompt_tokens=max(256, round(base.max_prompt_tokens * g)),
         think_time_scale=base.think_time_scale * think_scale)
 
@@ -278,99 +289,103 @@ def estimate(profile: PrefillProfile, startup_s: float, size: CompanionLike,
 
 def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_s: float, facts_of: FactsOf, *,
                    users: int | None = None, conversations: int | None = None, history: str = "live") -> Sizing:
-    """Pick length scale, users and conversation count for about ``target_s`` in the published regime
-    (``kvtier.demo.regime``); ``users``/``conversations`` win.
+    """Pick length scale, reply scale, users and conversation count for about ``target_s`` in the
+    published regime (``kvtier.demo.regime``); ``users``/``conversations`` win.
 
-    For each length scale g (largest first) and each interleaving U (``regime.user_candidates``, fewest
-    users first): the most conversations C whose estimate fits the target; the first (g, U, C) whose
-    miss-ratio curve reaches the regime is the size. When none does, at the smallest g the smallest C
-    that reaches it (over the target, said in ``over_target``); when even that fails, the size at the
-    target with ``regime.reached`` False. What gives is token lengths and request counts, never the regime."""
+    For each length scale g (largest first), each reply scale r (``REPLY_SCALES``, longest first) and
+    each interleaving U (``regime.user_candidates``, fewest users first): the most conversations C whose
+    estimate fits the target; the first (g, r, U, C) whose miss-ratio curve reaches the regime is the
+    size. When none does, at the smallest g the smallest C that reaches it (over the target, said in
+    ``over_target``; the longest replies that reach it); when even that fails, the size at the target
+    with ``regime.reached`` False. What gives is token lengths and request counts, never the regime."""
     from kvtier.demo.regime import regime_for, user_candidates
 
     s = profile.speed_factor()
     g0 = min(1.0, max(MIN_LENGTH_SCALE, 1.0 / s))
     scales = [g0] + [g for g in (0.8, 0.6, 0.5, 0.4, 0.3, 0.25, MIN_LENGTH_SCALE) if g < g0]
-    cache: dict[tuple[float, int], tuple[Any, WorkloadFacts]] = {}
-    regimes: dict[tuple[float, int, int], Any] = {}
-    curve_regimes: dict[tuple[float, int, int], Any] = {}
+    cache: dict[tuple[float, float, int], tuple[Any, WorkloadFacts]] = {}
+    regimes: dict[tuple[float, float, int, int], Any] = {}
+    curve_regimes: dict[tuple[float, float, int, int], Any] = {}
     cands = [users] if users is not None else user_candidates(base.concurrency)
+    Shape = tuple[float, float]          # (length scale g, reply scale r)
 
-    def make(g: float, c: int, u: int) -> tuple[Any, WorkloadFacts]:
+    def make(gr: Shape, c: int, u: int) -> tuple[Any, WorkloadFacts]:
         c = max(1, min(MAX_CONVERSATIONS, c))
-        if (g, c) not in cache:
-            size = scaled(base, g, s * g, c)
-            cache[(g, c)] = size, facts_of(size)
-        size, f = cache[(g, c)]
+        if (*gr, c) not in cache:
+            size = scaled(base, gr[0], s * gr[0], c, gr[1])
+            cache[(*gr, c)] = size, facts_of(size)
+        size, f = cache[(*gr, c)]
         return dataclasses.replace(size, concurrency=u if users is not None else max(1, min(u, c))), f
 
-    def total(g: float, c: int, u: int) -> float:
-        size, f = make(g, c, u)
-        return estimate(profile, startup_s, size, f, history, curve_regime(g, c, u))[0]
+    def total(gr: Shape, c: int, u: int) -> float:
+        size, f = make(gr, c, u)
+        return estimate(profile, startup_s, size, f, history, curve_regime(gr, c, u))[0]
 
-    def curve_regime(g: float, c: int, u: int) -> Any:
+    def curve_regime(gr: Shape, c: int, u: int) -> Any:
         """The capacities from the curve alone (no TTFT model): cheap, for the search's estimates."""
-        key = (g, max(1, min(MAX_CONVERSATIONS, c)), u)
+        key = (*gr, max(1, min(MAX_CONVERSATIONS, c)), u)
         if key not in curve_regimes:
-            curve_regimes[key] = regime_for(*make(g, c, u), profile, history, ttft_model=False)
+            curve_regimes[key] = regime_for(*make(gr, c, u), profile, history, ttft_model=False)
         return curve_regimes[key]
 
-    def regime(g: float, c: int, u: int) -> Any:
-        key = (g, max(1, min(MAX_CONVERSATIONS, c)), u)
+    def regime(gr: Shape, c: int, u: int) -> Any:
+        key = (*gr, max(1, min(MAX_CONVERSATIONS, c)), u)
         if key not in regimes:
-            regimes[key] = regime_for(*make(g, c, u), profile, history)
+            regimes[key] = regime_for(*make(gr, c, u), profile, history)
         return regimes[key]
 
-    def under(g: float, u: int) -> int:
+    def under(gr: Shape, u: int) -> int:
         if conversations is not None:
-            return conversations if total(g, conversations, u) <= target_s else 0
-        return _largest_under(lambda c: total(g, c, u), target_s, base.conversations)
+            return conversations if total(gr, conversations, u) <= target_s else 0
+        return _largest_under(lambda c: total(gr, c, u), target_s, base.conversations)
 
-    def could_reach(g: float, c: int, u: int) -> bool:
+    def could_reach(gr: Shape, c: int, u: int) -> bool:
         """The curve alone already rules out vanilla's or RAM+SSD's point (the TTFT model only moves RAM)."""
-        return all(p.startswith("RAM-only") for p in curve_regime(g, c, u).problems)
+        return all(p.startswith("RAM-only") for p in curve_regime(gr, c, u).problems)
 
-    def first_reached(g: float, u: int, cs: Sequence[int]) -> int | None:
-        return next((c for c in cs if c >= 1 and could_reach(g, c, u) and regime(g, c, u).reached), None)
+    def first_reached(gr: Shape, u: int, cs: Sequence[int]) -> int | None:
+        return next((c for c in cs if c >= 1 and could_reach(gr, c, u) and regime(gr, c, u).reached), None)
 
-    chosen: tuple[float, int, int] | None = None
-    for g in scales:
+    chosen: tuple[Shape, int, int] | None = None
+    for gr in [(g, r) for g in scales for r in REPLY_SCALES]:
         for u in cands:
-            c = under(g, u)
+            c = under(gr, u)
             # the seeded workloads of neighbouring sizes differ (in their curves and in their estimates: one
             # conversation fewer can be a heavier workload): the largest that fits, or one of the next smaller
             # that fits too
-            hit = first_reached(g, u, [c] if conversations is not None else
-                                [x for x in range(c, max(0, c - NEIGHBOURS), -1) if total(g, x, u) <= target_s])
+            hit = first_reached(gr, u, [c] if conversations is not None else
+                                [x for x in range(c, max(0, c - NEIGHBOURS), -1) if total(gr, x, u) <= target_s])
             if hit is not None:
-                chosen = (g, hit, u)
+                chosen = (gr, hit, u)
                 break
         if chosen is not None:
             break
     if chosen is None:                   # over the target: the smallest size that reaches the regime
-        g = scales[-1]
         options = []
-        for u in cands:
-            lo = max(1, under(g, u))
-            c = conversations if conversations is not None else (
-                first_reached(g, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS), *range(u, u + NEIGHBOURS),
-                                                              2 * lo, 4 * lo, 2 * u, 4 * u}
-                                             if c <= MAX_FALLBACK_CONVERSATIONS)) or lo)
-            if could_reach(g, c, u) and regime(g, c, u).reached:
-                options.append((total(g, c, u), c, u))
-        if options:
-            _, c, u = min(options)
-            chosen = (g, c, u)
-        else:                            # unreachable on this workload: the size at the target, said so
-            chosen = (g, max(1, under(g, cands[-1]), conversations or 0), cands[-1])
-    g, c, u = chosen
-    size, f = make(g, c, u)
-    chosen_regime = regime(g, c, u)
+        for gr in [(scales[-1], r) for r in REPLY_SCALES]:
+            for u in cands:
+                lo = max(1, under(gr, u))
+                c = conversations if conversations is not None else (
+                    first_reached(gr, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS), *range(u, u + NEIGHBOURS),
+                                                            2 * lo, 4 * lo, 2 * u, 4 * u}
+                                                if c <= MAX_FALLBACK_CONVERSATIONS)) or lo)
+                if could_reach(gr, c, u) and regime(gr, c, u).reached:
+                    options.append((total(gr, c, u), c, u))
+            if options:                  # the longest replies that reach it
+                _, c, u = min(options)
+                chosen = (gr, c, u)
+                break
+        if chosen is None:               # unreachable on this workload: the size at the target, said so
+            gr = (scales[-1], 1.0)
+            chosen = (gr, max(1, under(gr, cands[-1]), conversations or 0), cands[-1])
+    gr, c, u = chosen
+    size, f = make(gr, c, u)
+    chosen_regime = regime(gr, c, u)
     est, per = estimate(profile, startup_s, size, f, history, chosen_regime)
     over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
-    return Sizing(size=size, length_scale=g, think_scale=s * g, estimate_s=est, per_config_s=per, facts=f,
+    return Sizing(size=size, length_scale=gr[0], think_scale=s * gr[0], estimate_s=est, per_config_s=per, facts=f,
                   target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over),
-                  regime=chosen_regime)
+                  regime=chosen_regime, reply_scale=gr[1])
 
 
 def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int:

@@ -205,3 +205,33 @@ def test_the_report_shows_where_the_time_went_and_the_returning_turns_ratio():
     text = "\n".join(time_lines(f))
     assert "| kvtier-ram-ssd | 3.00 | 1.00 | 2.00 | 4.00 | 75.0% | 3.00x | 4.50x | 2.50x |" in text
     assert "waited 9.00 s of its 12.0 s TTFT" in text and "still waited 3.00 s" in text
+
+
+# a 2-vCPU Intel AMX machine's calibration (bfloat16): prefill 5x faster than AVX2, a decode step only 1.4x
+AMX = dataclasses.replace(fit_profile([(256, 0.20), (512, 0.41), (1024, 0.92)], elapsed_s=6.0),
+                          decode_points=((1, 0.050), (4, 0.058)))
+
+
+def test_scaled_replies_shrink_only_the_replies():
+    full = scaled(companion.DEFAULT, 0.6, 1.0, 20)
+    short = scaled(companion.DEFAULT, 0.6, 1.0, 20, reply_scale=0.25)
+    assert short.assistant_tokens == round(companion.DEFAULT.assistant_tokens * 0.6 * 0.25) < full.assistant_tokens
+    assert (short.system_tokens, short.user_tokens, short.max_prompt_tokens) == \
+        (full.system_tokens, full.user_tokens, full.max_prompt_tokens)
+
+
+def test_where_decode_dominates_replies_shrink_before_prompts():
+    # at full-length replies a decode-bound machine reaches the regime only at the smallest token
+    # lengths, if at all; shortening the replies first keeps the prompts (what a cache serves) longer
+    sz = size_companion(companion.DEFAULT, AMX, 35.0, companion.DEFAULT.target_s, facts_of)
+    assert sz.regime.reached and sz.reply_scale < 1.0
+    assert sz.length_scale > 0.2 and sz.to_dict()["reply_scale"] == sz.reply_scale
+    assert sz.size.assistant_tokens == round(companion.DEFAULT.assistant_tokens * sz.length_scale * sz.reply_scale)
+    assert sz.regime.predicted_speedup["kvtier-ram-ssd"] > 2.0 and not sz.over_target
+
+
+def test_where_prefill_dominates_replies_keep_their_length():
+    # a machine whose decode step is cheap against its prefill: full-length replies reach the regime
+    fast_decode = dataclasses.replace(AVX2, decode_points=((1, 0.010), (4, 0.012)))
+    sz = size_companion(companion.DEFAULT, fast_decode, 46.8, companion.DEFAULT.target_s, facts_of)
+    assert sz.regime.reached and sz.reply_scale == 1.0
