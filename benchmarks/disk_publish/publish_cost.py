@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from kvtier.bench.store_bench_files import random_buffer, remove_settled
-from kvtier.bench.store_bench_raw import write_files
+from kvtier.bench.store_bench_raw import prepare_layout, write_files
 from kvtier.chunk import file_size
 from kvtier.tiers.diskio import ALIGN
 from kvtier.tiers.disklayout import NamespaceDir
@@ -27,10 +27,7 @@ VARIANTS = ("create", "publish_fresh", "publish_premade")
 def _layout(d: Path, premade: bool) -> NamespaceDir:
     remove_settled(d)
     lay = NamespaceDir(d)
-    lay.tmp.mkdir(parents=True)
-    lay.chunks.mkdir()
-    if premade:
-        lay.make_fanout()
+    prepare_layout(lay, fanout=premade)
     return lay
 
 

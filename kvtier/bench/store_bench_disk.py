@@ -34,8 +34,8 @@ import numpy as np
 
 from kvtier.bench.disk_attribution import file_layout, verify_speed
 from kvtier.bench.store_bench_files import aligned_buffer, bench_namespace, random_buffer, remove_settled
-from kvtier.bench.store_bench_raw import (READ_SHAPES, WRITE_SHAPES, raw_disk, raw_read_same_io, read_file,
-                                          write_files)
+from kvtier.bench.store_bench_raw import (READ_SHAPES, WRITE_SHAPES, prepare_layout, raw_disk, raw_read_same_io,
+                                          read_file, write_files)
 from kvtier.bench.store_bench_rounds import (GB, HEADLINE, TOKENS, VARIANTS, WRITER_THREADS, against_ceiling,
                                              latency_ms, ratio_stats, sig, spread)
 from kvtier.chunk import ChunkMeta, file_size
@@ -111,6 +111,8 @@ def bench_disk(path: Path, chunk: int, n: int, o_direct: bool, o_direct_read: bo
 
     shapes = list(WRITE_SHAPES[tier.o_direct])
     layouts = {s: NamespaceDir(raw_dir / s) for s in shapes}    # one per round, as the tier's
+    for s, lay in layouts.items():
+        prepare_layout(lay, fanout=s == "publish")
     for b, i in enumerate(range(0, n, per_block)):
         block = keys[i:i + per_block]
         names = [k.hex() for k in block]

@@ -5,8 +5,8 @@ device gives.
   bytes, file by file, at the tier's concurrency, with the tier's O_DIRECT choice and one reused
   source/destination buffer. Writes (``WRITE_SHAPES``): ``publish`` = the tier's own sequence
   (create in a ``tmp/`` directory, reserve the blocks, O_DIRECT body + buffered tail, close,
-  rename into a fan-out directory, made beforehand as the tier makes them when it opens); ``create`` = the same without the rename; ``padded`` (O_DIRECT
-  only) = one O_DIRECT write of the file rounded up to 4 KiB, no tail write, no rename (up to
+  rename into a fan-out directory, made beforehand by ``prepare_layout`` as the tier makes them
+  when it opens); ``create`` = the same without the rename; ``padded`` (O_DIRECT only) = one O_DIRECT write of the file rounded up to 4 KiB, no tail write, no rename (up to
   4 KiB more per file, one request fewer: a plain-I/O bound the exact-size format cannot reach).
   Reads (``READ_SHAPES``) of the tier's own files: ``plan`` = ``get_into``'s read system calls
   (``diskio.read_plan``), all in flight together; ``whole`` = one ``preadv`` of the file.
@@ -112,22 +112,30 @@ def write_one(tmp: str, final: str | None, src: memoryview, file_bytes: int, o_d
         layout.publish(tmp, final)
 
 
+def prepare_layout(layout: NamespaceDir, fanout: bool) -> None:
+    """Make ``layout``'s ``tmp/`` and ``chunks/`` (and, with ``fanout``, its 256 fan-out directories, as
+    the tier makes them when it opens a namespace), before any timed write."""
+    layout.tmp.mkdir(parents=True, exist_ok=True)
+    layout.chunks.mkdir(exist_ok=True)
+    if fanout:
+        layout.make_fanout()
+
+
 def write_files(layout: NamespaceDir, names: Sequence[str], src: memoryview, file_bytes: int, *, o_direct: bool,
                 shape: str, threads: int = 1) -> float:
     """Seconds to write one file per name in ``layout`` (the tier's: ``tmp/<name>.tmp``; ``publish``
     renames each to ``chunks/<name[:2]>/<name>.kvc`` with the tier's ``publish``) with ``threads``
     threads (each takes the next name when it is free, as the writer pool takes the next job), then
-    ``os.sync`` (written back, as the tier's put is timed). Files stay (the caller removes the directory)."""
-    layout.tmp.mkdir(parents=True, exist_ok=True)
-    layout.chunks.mkdir(exist_ok=True)
-    if shape == "publish":
-        layout.make_fanout()          # as the tier's layout at open: outside the timing
+    ``os.sync`` (written back, as the tier's put is timed). Files stay (the caller removes the directory).
+    ``prepare_layout`` makes the fan-out directories beforehand; one missing is made by the
+    rename that needs it (``NamespaceDir.publish``), inside the timing."""
+    prepare_layout(layout, fanout=False)      # tmp/ and chunks/ when the caller did not
     tmp = layout.tmp
 
     todo = iter(names)
     lock = threading.Lock()
 
-    def work(i: int) -> None:
+    def work() -> None:
         while True:
             with lock:                # the next file to whichever thread is free, as the writer pool's queue
                 name = next(todo, None)
@@ -137,9 +145,9 @@ def write_files(layout: NamespaceDir, names: Sequence[str], src: memoryview, fil
             write_one(f"{tmp}/{name}.tmp", final, src, file_bytes, o_direct, shape, layout)
     t0 = time.perf_counter()
     if threads == 1:
-        work(0)
+        work()
     else:
-        ts = [threading.Thread(target=work, args=(i,)) for i in range(threads)]
+        ts = [threading.Thread(target=work) for _ in range(threads)]
         for t in ts:
             t.start()
         for t in ts:
