@@ -117,8 +117,8 @@ def light_sizing(base: Any, main: Sizing, cal: Calibration, facts_of: Callable[[
     per_user = max(1.0, main.size.conversations / max(1, main.size.concurrency))
     c = max(users, round(users * per_user))
     while True:
-        size = dataclasses.replace(scaled(base, main.length_scale, main.think_scale, c, main.reply_scale), concurrency=users,
-                                   max_tokens=main.size.max_tokens)
+        size = dataclasses.replace(scaled(base, main.length_scale, main.think_scale, c, main.reply_scale),
+                                   concurrency=users, max_tokens=main.size.max_tokens)
         facts = facts_of(size)
         regime = regime_for(size, facts, cal.profile, history)
         total, per = estimate(cal.profile, cal.startup_s, size, facts, history, regime)

@@ -2,7 +2,7 @@
 
 Inputs: the machine's ``PrefillProfile`` (``kvtier.demo.calibrate``), a server's start-up time,
 and a function that returns the facts of the workload a size generates (``WorkloadFacts``; the
-demo generates and tokenizes it, unit tests pass a fake). Three knobs, and what they keep:
+demo generates and tokenizes it, unit tests pass a fake). Four knobs, and what they keep:
 
 * ``length_scale`` g multiplies every token length (system prompt, messages, the prompt cap).
   g = 1 / speed_factor (clamped to [``MIN_LENGTH_SCALE``, 1]) makes a request's cold prefill take
@@ -12,9 +12,10 @@ demo generates and tokenizes it, unit tests pass a fake). Three knobs, and what 
   cache shortens prefill only: where a decode step is slow against prefill (on a 2-vCPU Intel AMX
   machine a 1K-token prefill takes 0.9 s and a decode step 50 ms, against 4.5 s and 71 ms on AVX2),
   a request's decode is most of the service time every queued request waits for, and no hit rate
-  moves TTFT much. At each g the sizing first shortens the replies, then the prompts: the curve-sized
-  default demo on that machine reached the regime only at g = 0.2 with full-length replies (RAM+SSD
-  predicted 1.66x), and at g = 0.6 with replies x0.5 (predicted 2.0x, longer prompts).
+  moves TTFT much. At each g the sizing first shortens the replies, then the prompts: on that machine
+  the default demo with full-length replies was sized at g = 0.2 (RAM+SSD predicted 1.66x, measured
+  1.43x); shortening the replies first gave g = 0.6 with replies x0.25 (predicted 2.58x, measured
+  2.08x). Reply scales that round to the same reply length as a longer one are not tried again.
 * ``conversations`` C (personas scale with it) is chosen so the estimated wall time is about the
   target, for each interleaving U (users: conversations in flight) that ``kvtier.demo.regime`` tries.
   The capacities are not fractions of the working set: they are read off the workload's miss-ratio
@@ -309,6 +310,18 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
     cands = [users] if users is not None else user_candidates(base.concurrency)
     Shape = tuple[float, float]          # (length scale g, reply scale r)
 
+    def shapes(gs: Sequence[float]) -> list[Shape]:
+        """(g, r) for each g, r longest first, skipping an r whose replies round to a longer one's."""
+        out: list[Shape] = []
+        for g in gs:
+            seen: set[int] = set()
+            for r in REPLY_SCALES:
+                reply = scaled(base, g, s * g, base.conversations, r).assistant_tokens
+                if reply not in seen:
+                    seen.add(reply)
+                    out.append((g, r))
+        return out
+
     def make(gr: Shape, c: int, u: int) -> tuple[Any, WorkloadFacts]:
         c = max(1, min(MAX_CONVERSATIONS, c))
         if (*gr, c) not in cache:
@@ -347,7 +360,7 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
         return next((c for c in cs if c >= 1 and could_reach(gr, c, u) and regime(gr, c, u).reached), None)
 
     chosen: tuple[Shape, int, int] | None = None
-    for gr in [(g, r) for g in scales for r in REPLY_SCALES]:
+    for gr in shapes(scales):
         for u in cands:
             c = under(gr, u)
             # the seeded workloads of neighbouring sizes differ (in their curves and in their estimates: one
@@ -362,7 +375,7 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
             break
     if chosen is None:                   # over the target: the smallest size that reaches the regime
         options = []
-        for gr in [(scales[-1], r) for r in REPLY_SCALES]:
+        for gr in shapes(scales[-1:]):
             for u in cands:
                 lo = max(1, under(gr, u))
                 c = conversations if conversations is not None else (
