@@ -331,6 +331,15 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, hist
     if regime is not None and not regime.reached:
         red("this size does not reach the published regime (vanilla ~4%, RAM-only a modest gain, RAM+SSD the large "
             "one): " + "; ".join(regime.problems))
+        near = sizing.nearest_in_regime
+        if near is not None:
+            over = near.estimate_s - sizing.target_s
+            red(f"the smallest size found in it ({near.conversations} conversations, {near.users} users, {near.requests} "
+                f"requests, token lengths x{near.length_scale:.2f}, replies x{near.length_scale * near.reply_scale:.2f}) "
+                f"is estimated at {near.estimate_s / 60:.1f} min, {over / 60:.1f} min ({over / sizing.target_s:.0%}) over the "
+                f"{sizing.target_s / 60:.0f}-minute target")
+        elif not sizing.overridden:
+            red("no size the search tries reaches it on this machine")
     if sizing.over_target:
         over = sizing.estimate_s - sizing.target_s
         red(f"this machine is too slow for the target: the smallest size in the published regime is estimated at "

@@ -22,7 +22,9 @@ demo generates and tokenizes it, unit tests pass a fake). Four knobs, and what t
   curve in the closed loop's send order (``kvtier.demo.regime``), and a size is only taken when the
   curve reaches the published regime there (vanilla ~4% hit, RAM-only a modest share of the ideal,
   RAM+SSD essentially all of it). When no size under the target reaches it at the smallest g, the
-  smallest size that does is taken and the result says ``over_target``.
+  smallest size that does is taken and the result says ``over_target``; when none at the smallest g
+  does, the size at the target runs outside the regime and ``nearest_in_regime`` names the cheapest
+  size found that reaches it (``kvtier.demo.size_search``), so the demo can say by how much.
 
 Estimated wall time = calibration + 4 server starts (calibration + 3 configurations) + per
 configuration the closed loop's makespan (``closed_loop_seconds``): ``users`` users each take the
@@ -140,6 +142,9 @@ class Sizing:
     overridden: tuple[str, ...] = ()
     regime: Any = None              # kvtier.demo.regime.Regime: the curve and the three capacities on it
     reply_scale: float = 1.0        # replies' length x this on top of length_scale (REPLY_SCALES)
+    #: when this size misses the regime: the cheapest size found that reaches it (``kvtier.demo.size_search``;
+    #: its estimate says by how much the target is short), None when none up to MAX_FALLBACK_CONVERSATIONS does
+    nearest_in_regime: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"length_scale": self.length_scale, "reply_scale": self.reply_scale, "think_scale": self.think_scale,
@@ -148,7 +153,8 @@ class Sizing:
                 "over_target": self.over_target, "overridden": list(self.overridden),
                 "conversations": self.size.conversations, "users": self.size.concurrency,
                 "requests": self.facts.requests, "prompt_tokens": self.facts.prompt_tokens,
-                "working_set_tokens": self.facts.working_set_tokens}
+                "working_set_tokens": self.facts.working_set_tokens,
+                "nearest_in_regime": None if self.nearest_in_regime is None else self.nearest_in_regime.to_dict()}
 
 
 FactsOf = Callable[[Any], WorkloadFacts]
@@ -298,76 +304,33 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
     estimate fits the target; the first (g, r, U, C) whose miss-ratio curve reaches the regime is the
     size. When none does, at the smallest g the smallest C that reaches it (over the target, said in
     ``over_target``; the longest replies that reach it); when even that fails, the size at the target
-    with ``regime.reached`` False. What gives is token lengths and request counts, never the regime."""
-    from kvtier.demo.regime import regime_for, user_candidates
+    with ``regime.reached`` False, and in ``nearest_in_regime`` the cheapest size found at any length
+    scale that reaches it, whose estimate says how far the machine is from the regime in the target.
+    What gives is token lengths and request counts, never the regime."""
+    from kvtier.demo.regime import user_candidates
+    from kvtier.demo.size_search import SizeSearch
 
     s = profile.speed_factor()
     g0 = min(1.0, max(MIN_LENGTH_SCALE, 1.0 / s))
     scales = [g0] + [g for g in (0.8, 0.6, 0.5, 0.4, 0.3, 0.25, MIN_LENGTH_SCALE) if g < g0]
-    cache: dict[tuple[float, float, int], tuple[Any, WorkloadFacts]] = {}
-    regimes: dict[tuple[float, float, int, int], Any] = {}
-    curve_regimes: dict[tuple[float, float, int, int], Any] = {}
+    search = SizeSearch(base, profile, startup_s, target_s, facts_of, history, users)
     cands = [users] if users is not None else user_candidates(base.concurrency)
-    Shape = tuple[float, float]          # (length scale g, reply scale r)
 
-    def shapes(gs: Sequence[float]) -> list[Shape]:
-        """(g, r) for each g, r longest first, skipping an r whose replies round to a longer one's."""
-        out: list[Shape] = []
-        for g in gs:
-            seen: set[int] = set()
-            for r in REPLY_SCALES:
-                reply = scaled(base, g, s * g, base.conversations, r).assistant_tokens
-                if reply not in seen:
-                    seen.add(reply)
-                    out.append((g, r))
-        return out
-
-    def make(gr: Shape, c: int, u: int) -> tuple[Any, WorkloadFacts]:
-        c = max(1, min(MAX_CONVERSATIONS, c))
-        if (*gr, c) not in cache:
-            size = scaled(base, gr[0], s * gr[0], c, gr[1])
-            cache[(*gr, c)] = size, facts_of(size)
-        size, f = cache[(*gr, c)]
-        return dataclasses.replace(size, concurrency=u if users is not None else max(1, min(u, c))), f
-
-    def total(gr: Shape, c: int, u: int) -> float:
-        size, f = make(gr, c, u)
-        return estimate(profile, startup_s, size, f, history, curve_regime(gr, c, u))[0]
-
-    def curve_regime(gr: Shape, c: int, u: int) -> Any:
-        """The capacities from the curve alone (no TTFT model): cheap, for the search's estimates."""
-        key = (*gr, max(1, min(MAX_CONVERSATIONS, c)), u)
-        if key not in curve_regimes:
-            curve_regimes[key] = regime_for(*make(gr, c, u), profile, history, ttft_model=False)
-        return curve_regimes[key]
-
-    def regime(gr: Shape, c: int, u: int) -> Any:
-        key = (*gr, max(1, min(MAX_CONVERSATIONS, c)), u)
-        if key not in regimes:
-            regimes[key] = regime_for(*make(gr, c, u), profile, history)
-        return regimes[key]
-
-    def under(gr: Shape, u: int) -> int:
+    def under(gr: tuple[float, float], u: int) -> int:
         if conversations is not None:
-            return conversations if total(gr, conversations, u) <= target_s else 0
-        return _largest_under(lambda c: total(gr, c, u), target_s, base.conversations)
+            return conversations if search.total(gr, conversations, u) <= target_s else 0
+        return _largest_under(lambda c: search.total(gr, c, u), target_s, base.conversations)
 
-    def could_reach(gr: Shape, c: int, u: int) -> bool:
-        """The curve alone already rules out vanilla's or RAM+SSD's point (the TTFT model only moves RAM)."""
-        return all(p.startswith("RAM-only") for p in curve_regime(gr, c, u).problems)
-
-    def first_reached(gr: Shape, u: int, cs: Sequence[int]) -> int | None:
-        return next((c for c in cs if c >= 1 and could_reach(gr, c, u) and regime(gr, c, u).reached), None)
-
-    chosen: tuple[Shape, int, int] | None = None
-    for gr in shapes(scales):
+    chosen: tuple[tuple[float, float], int, int] | None = None
+    for gr in search.shapes(scales):
         for u in cands:
             c = under(gr, u)
             # the seeded workloads of neighbouring sizes differ (in their curves and in their estimates: one
             # conversation fewer can be a heavier workload): the largest that fits, or one of the next smaller
             # that fits too
-            hit = first_reached(gr, u, [c] if conversations is not None else
-                                [x for x in range(c, max(0, c - NEIGHBOURS), -1) if total(gr, x, u) <= target_s])
+            hit = search.first_reached(gr, u, [c] if conversations is not None else
+                                       [x for x in range(c, max(0, c - NEIGHBOURS), -1)
+                                        if search.total(gr, x, u) <= target_s])
             if hit is not None:
                 chosen = (gr, hit, u)
                 break
@@ -375,30 +338,33 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
             break
     if chosen is None:                   # over the target: the smallest size that reaches the regime
         options = []
-        for gr in shapes(scales[-1:]):
+        for gr in search.shapes(scales[-1:]):
             for u in cands:
                 lo = max(1, under(gr, u))
                 c = conversations if conversations is not None else (
-                    first_reached(gr, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS), *range(u, u + NEIGHBOURS),
-                                                            2 * lo, 4 * lo, 2 * u, 4 * u}
-                                                if c <= MAX_FALLBACK_CONVERSATIONS)) or lo)
-                if could_reach(gr, c, u) and regime(gr, c, u).reached:
-                    options.append((total(gr, c, u), c, u))
+                    search.first_reached(gr, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS),
+                                                                   *range(u, u + NEIGHBOURS), 2 * lo, 4 * lo, 2 * u, 4 * u}
+                                                       if c <= MAX_FALLBACK_CONVERSATIONS)) or lo)
+                if search.reaches(gr, c, u):
+                    options.append((search.total(gr, c, u), c, u))
             if options:                  # the longest replies that reach it
                 _, c, u = min(options)
                 chosen = (gr, c, u)
                 break
-        if chosen is None:               # unreachable on this workload: the size at the target, said so
-            gr = (scales[-1], 1.0)
-            chosen = (gr, max(1, under(gr, cands[-1]), conversations or 0), cands[-1])
+    nearest = None
+    if chosen is None:                   # not at the smallest g: the size at the target, and what would reach it
+        gr = (scales[-1], 1.0)
+        chosen = (gr, max(1, under(gr, cands[-1]), conversations or 0), cands[-1])
+        if conversations is None:
+            nearest = search.nearest_in_regime(scales, cands, MAX_FALLBACK_CONVERSATIONS)
     gr, c, u = chosen
-    size, f = make(gr, c, u)
-    chosen_regime = regime(gr, c, u)
+    size, f = search.make(gr, c, u)
+    chosen_regime = search.regime(gr, c, u)
     est, per = estimate(profile, startup_s, size, f, history, chosen_regime)
     over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
     return Sizing(size=size, length_scale=gr[0], think_scale=s * gr[0], estimate_s=est, per_config_s=per, facts=f,
                   target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over),
-                  regime=chosen_regime, reply_scale=gr[1])
+                  regime=chosen_regime, reply_scale=gr[1], nearest_in_regime=nearest)
 
 
 def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int:

@@ -18,7 +18,7 @@ from kvtier.demo.companion_report import plot_regime, predicted_vs_measured
 from kvtier.demo.regime import (RAM_SHARE_MAX, RAM_SPEEDUP_RANGE, RAM_SPEEDUP_TARGET, VANILLA_MAX, choose_capacities,
                                 curve_in_order, inclusive_reach, ram_only_hit_rate, regime_for, send_order,
                                 workload_trace)
-from kvtier.demo.sizing import OVER_TARGET, conversation_facts, scaled, size_companion, WorkloadFacts
+from kvtier.demo.sizing import OVER_TARGET, conversation_facts, estimate, scaled, size_companion, WorkloadFacts
 from kvtier.sim.stackdist import MissRatioCurve
 from kvtier.workload.companion import generate_companion
 from kvtier.workload.format import Workload
@@ -94,6 +94,7 @@ def test_interleaving_gives_long_reuse_distances(sized):
 
 def test_estimate_stays_within_the_target_on_avx2(sized):
     assert not sized.over_target and sized.estimate_s <= OVER_TARGET * companion.DEFAULT.target_s
+    assert sized.regime.reached and sized.nearest_in_regime is None     # in the regime: nothing else to name
     assert sized.size.conversations >= sized.size.concurrency
 
 
@@ -235,3 +236,45 @@ def test_where_prefill_dominates_replies_keep_their_length():
     fast_decode = dataclasses.replace(AVX2, decode_points=((1, 0.010), (4, 0.012)))
     sz = size_companion(companion.DEFAULT, fast_decode, 46.8, companion.DEFAULT.target_s, facts_of)
     assert sz.regime.reached and sz.reply_scale == 1.0
+
+
+# the Intel AMX machine in a slow moment (2-vCPU, bf16): 1K-token prefill 1.32 s, a decode step 64 ms,
+# servers starting in 45 s
+AMX_SLOW = dataclasses.replace(fit_profile([(256, 0.274), (512, 0.545), (1024, 1.320)], elapsed_s=6.6),
+                               decode_points=((1, 0.064), (4, 0.064)))
+AMX_SLOW_STARTUP_S = 45.0
+
+
+@pytest.fixture(scope="module")
+def quick_slow():
+    return size_companion(companion.QUICK, AMX_SLOW, AMX_SLOW_STARTUP_S, companion.QUICK.target_s, facts_of)
+
+
+def test_quick_out_of_the_regime_says_what_size_would_reach_it(quick_slow):
+    # in 6 minutes the quick demo cannot interleave enough conversations to reach the regime on this
+    # machine; it still runs at the target, and the sizing names the cheapest size found that reaches it
+    q = quick_slow
+    assert not q.regime.reached and not q.over_target
+    near = q.nearest_in_regime
+    assert near is not None and near.estimate_s > OVER_TARGET * q.target_s
+    # that size does reach the regime, and its estimate is the one the demo would print for it
+    size = dataclasses.replace(scaled(companion.QUICK, near.length_scale, AMX_SLOW.speed_factor() * near.length_scale,
+                                      near.conversations, near.reply_scale), concurrency=near.users)
+    f = facts_of(size)
+    reg = regime_for(size, f, AMX_SLOW)
+    assert reg.reached and f.requests == near.requests
+    assert estimate(AMX_SLOW, AMX_SLOW_STARTUP_S, size, f, "live", reg)[0] == pytest.approx(near.estimate_s)
+    assert q.to_dict()["nearest_in_regime"]["conversations"] == near.conversations
+
+
+
+def test_the_demo_says_first_by_how_much_it_misses_the_regime(quick_slow, capsys):
+    from kvtier.demo.regime import budgets
+
+    q = quick_slow
+    companion.print_size(q, budgets(q.size, FACTS, q.facts, q.regime), 60.0, FACTS, "live", q.regime)
+    out = " ".join(capsys.readouterr().out.split())
+    near = q.nearest_in_regime
+    assert "does not reach the published regime" in out
+    assert (f"the smallest size found in it ({near.conversations} conversations, {near.users} users" in out
+            and f"estimated at {near.estimate_s / 60:.1f} min" in out and "over the 6-minute target" in out)

@@ -1,0 +1,154 @@
+"""The companion demo's size search: candidate sizes, their workloads, estimates and regimes, memoised.
+
+``kvtier.demo.sizing.size_companion`` decides *which* size to run; this module answers the questions
+it asks about one candidate: the workload a (length scale g, reply scale r, conversations C, users U)
+generates, its estimated wall time (``kvtier.demo.sizing.estimate``), its capacities read off the
+miss-ratio curve (``kvtier.demo.regime.regime_for``, cheap without the TTFT model) and whether it
+reaches the published regime. Generating and tokenizing a workload is what costs (about 17 ms a
+conversation with the real tokenizer); everything is memoised by (g, r, C[, U]), so the policy can ask
+freely. ``nearest_in_regime`` is the search for "by how much": when no size under the target reaches
+the regime, the cheapest size found that does, at any length scale. Side-effect free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from kvtier.demo.calibrate import PrefillProfile
+
+#: (length scale g, reply scale r)
+Shape = tuple[float, float]
+
+
+@dataclass(frozen=True)
+class RegimeSize:
+    """A size that reaches the published regime, and what it is estimated to take."""
+
+    conversations: int
+    users: int
+    requests: int
+    length_scale: float
+    reply_scale: float
+    estimate_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class SizeSearch:
+    """Candidate sizes of ``base`` on a machine (``profile``, a server's ``startup_s``); ``facts_of``
+    generates a size's ``WorkloadFacts``; ``users`` fixes the interleaving (``--users``)."""
+
+    base: Any
+    profile: PrefillProfile
+    startup_s: float
+    target_s: float
+    facts_of: Callable[[Any], Any]
+    history: str = "live"
+    users: int | None = None
+    _sizes: dict[tuple[float, float, int], tuple[Any, Any]] = field(default_factory=dict, repr=False)
+    _curve: dict[tuple[float, float, int, int], Any] = field(default_factory=dict, repr=False)
+    _full: dict[tuple[float, float, int, int], Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def speed(self) -> float:
+        return self.profile.speed_factor()
+
+    def shapes(self, scales: Sequence[float]) -> list[Shape]:
+        """(g, r) for each g, r longest first, skipping an r whose replies round to a longer one's."""
+        from kvtier.demo.sizing import REPLY_SCALES, scaled
+
+        out: list[Shape] = []
+        for g in scales:
+            seen: set[int] = set()
+            for r in REPLY_SCALES:
+                reply = scaled(self.base, g, self.speed * g, self.base.conversations, r).assistant_tokens
+                if reply not in seen:
+                    seen.add(reply)
+                    out.append((g, r))
+        return out
+
+    def make(self, gr: Shape, c: int, u: int) -> tuple[Any, Any]:
+        """(size, its WorkloadFacts) at g, r with ``c`` conversations and ``u`` users."""
+        from kvtier.demo.sizing import MAX_CONVERSATIONS, scaled
+
+        c = max(1, min(MAX_CONVERSATIONS, c))
+        if (*gr, c) not in self._sizes:
+            size = scaled(self.base, gr[0], self.speed * gr[0], c, gr[1])
+            self._sizes[(*gr, c)] = size, self.facts_of(size)
+        size, f = self._sizes[(*gr, c)]
+        users = u if self.users is not None else max(1, min(u, c))
+        return dataclasses.replace(size, concurrency=users), f
+
+    def _key(self, gr: Shape, c: int, u: int) -> tuple[float, float, int, int]:
+        from kvtier.demo.sizing import MAX_CONVERSATIONS
+
+        return (*gr, max(1, min(MAX_CONVERSATIONS, c)), u)
+
+    def curve_regime(self, gr: Shape, c: int, u: int) -> Any:
+        """The capacities from the curve alone (no TTFT model): cheap, for the search's estimates."""
+        from kvtier.demo.regime import regime_for
+
+        key = self._key(gr, c, u)
+        if key not in self._curve:
+            self._curve[key] = regime_for(*self.make(gr, c, u), self.profile, self.history, ttft_model=False)
+        return self._curve[key]
+
+    def regime(self, gr: Shape, c: int, u: int) -> Any:
+        """The capacities with the TTFT model (RAM sized by its predicted speedup): the regime that runs."""
+        from kvtier.demo.regime import regime_for
+
+        key = self._key(gr, c, u)
+        if key not in self._full:
+            self._full[key] = regime_for(*self.make(gr, c, u), self.profile, self.history)
+        return self._full[key]
+
+    def total(self, gr: Shape, c: int, u: int) -> float:
+        """Estimated wall time of the whole demo at this size (capacities from the curve alone)."""
+        from kvtier.demo.sizing import estimate
+
+        size, f = self.make(gr, c, u)
+        return estimate(self.profile, self.startup_s, size, f, self.history, self.curve_regime(gr, c, u))[0]
+
+    def could_reach(self, gr: Shape, c: int, u: int) -> bool:
+        """The curve alone already rules out vanilla's or RAM+SSD's point (the TTFT model only moves RAM)."""
+        return all(p.startswith("RAM-only") for p in self.curve_regime(gr, c, u).problems)
+
+    def reaches(self, gr: Shape, c: int, u: int) -> bool:
+        return c >= 1 and self.could_reach(gr, c, u) and self.regime(gr, c, u).reached
+
+    def first_reached(self, gr: Shape, u: int, cs: Sequence[int]) -> int | None:
+        return next((c for c in cs if self.reaches(gr, c, u)), None)
+
+    def in_regime(self, gr: Shape, c: int, u: int) -> RegimeSize:
+        """The size, estimated with the capacities it would run with (the TTFT model's RAM)."""
+        from kvtier.demo.sizing import estimate
+
+        size, f = self.make(gr, c, u)
+        est = estimate(self.profile, self.startup_s, size, f, self.history, self.regime(gr, c, u))[0]
+        return RegimeSize(size.conversations, size.concurrency, f.requests, gr[0], gr[1], est)
+
+    def nearest_in_regime(self, scales: Sequence[float], user_candidates: Sequence[int],
+                          max_conversations: int) -> RegimeSize | None:
+        """The cheapest size found that reaches the regime: length scales smallest first (a longer prompt
+        costs more time), at the first g where any (r, U, C) reaches it, the one with the smallest
+        estimate; C in {U, 2U, 4U, ...} up to ``max_conversations`` (a returning turn's reuse distance
+        grows with the conversations in flight). None: nothing up to that size reaches it."""
+        for g in sorted(set(scales)):
+            options = []
+            for gr in self.shapes([g]):
+                for u in user_candidates:
+                    cs, c = [], max(1, u)
+                    while c <= max_conversations:
+                        cs.append(c)
+                        c *= 2
+                    hit = self.first_reached(gr, u, cs)
+                    if hit is not None:
+                        options.append((self.total(gr, hit, u), gr, hit, u))
+            if options:
+                _, gr, c, u = min(options)
+                return self.in_regime(gr, c, u)
+        return None
