@@ -29,6 +29,9 @@ _HISTORY = typer.Option("live", "--history", help="live: each turn carries the m
                         "real chat client); workload: the workload's text (identical prompts for every server).")
 _LIGHT = typer.Option(None, "--light-users", min=0, max=64, help="Also run the three configurations at this lighter "
                       "load when the sized run has more users (default 6; none with --quick; 0: none).")
+_REPEATS = typer.Option(1, "--repeats", min=1, max=9, help="Run the three configurations this many times on the "
+                        "same workload, the order reversed every other time; figures are medians over the repeats "
+                        "(the demo takes about this many times as long).")
 _CALIBRATION = typer.Option(None, "--calibration", help="Reuse the calibration.json (or demo JSON) of an earlier run "
                                                         "on this machine instead of measuring.")
 _BATCHED = typer.Option(None, "--max-num-batched-tokens", min=0, max=65536, help="Engine token budget per step for "
@@ -70,24 +73,25 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, 
 
 def _options(quick: bool, minutes: float | None, calibration: Path | None, users: int | None = None,
              conversations: int | None = None, history: str = "live", light_users: int | None = None,
-             max_num_batched_tokens: int | None = None):
+             max_num_batched_tokens: int | None = None, repeats: int = 1):
     from kvtier.demo.common import DemoOptions
 
     if history not in ("live", "workload"):
         raise typer.BadParameter(f"--history must be live or workload, got {history!r}")
     return DemoOptions(quick=quick, users=users, conversations=conversations,
                        target_s=minutes * 60 if minutes is not None else None, calibration=calibration,
-                       history=history, light_users=light_users, max_num_batched_tokens=max_num_batched_tokens)
+                       history=history, light_users=light_users, max_num_batched_tokens=max_num_batched_tokens,
+                       repeats=repeats)
 
 
 @demo_app.command("companion", cls=aliased(STEP_TOKENS))
 def companion(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK,
               users: int = _USERS, conversations: int = _CONVS, dtype: str = dtype_option(), minutes: float = _MINUTES,
               calibration: Path = _CALIBRATION, history: str = _HISTORY, light_users: int = _LIGHT,
-              max_num_batched_tokens: int = _BATCHED) -> None:
+              max_num_batched_tokens: int = _BATCHED, repeats: int = _REPEATS) -> None:
     """AI-companion chat: vanilla vLLM vs kvtier RAM-only vs kvtier RAM+SSD (the main demo; also `kvtier demo`)."""
     _run("companion", out, json_path, _options(quick, minutes, calibration, users, conversations, history,
-                                               light_users, max_num_batched_tokens), dtype)
+                                               light_users, max_num_batched_tokens, repeats), dtype)
 
 
 @demo_app.command("longdoc", cls=aliased(SHAREDFS))

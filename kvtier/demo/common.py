@@ -42,6 +42,7 @@ class DemoOptions:
     history: str = "live"                  # live: the model's own replies in the history; workload: the workload's text
     light_users: int | None = None         # users of the second, lighter load point (None: 6 if it fits the target, none with --quick; 0: none)
     max_num_batched_tokens: int | None = None   # engine step budget (None or 0: vLLM's default)
+    repeats: int = 1                       # the three configurations this many times, alternating order (kvtier.demo.repeats)
 
 
 @dataclass(frozen=True)

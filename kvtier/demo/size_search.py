@@ -6,8 +6,9 @@ generates, its estimated wall time (``kvtier.demo.sizing.estimate``), its capaci
 miss-ratio curve (``kvtier.demo.regime.regime_for``, cheap without the TTFT model) and whether it
 reaches the published regime. Generating and tokenizing a workload is what costs (about 17 ms a
 conversation with the real tokenizer); everything is memoised by (g, r, C[, U]), so the policy can ask
-freely. ``nearest_in_regime`` is the search for "by how much": when no size under the target reaches
-the regime, the cheapest size found that does, at any length scale. Side-effect free.
+freely. ``cheapest_in_regime`` is the search for when the largest sizes under the target miss the
+regime: the cheapest size found that reaches it, at any length scale, under the target or not (its
+estimate says by how much the target is missed). Side-effect free.
 """
 
 from __future__ import annotations
@@ -22,21 +23,6 @@ from kvtier.demo.calibrate import PrefillProfile
 Shape = tuple[float, float]
 
 
-@dataclass(frozen=True)
-class RegimeSize:
-    """A size that reaches the published regime, and what it is estimated to take."""
-
-    conversations: int
-    users: int
-    requests: int
-    length_scale: float
-    reply_scale: float
-    estimate_s: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
 @dataclass
 class SizeSearch:
     """Candidate sizes of ``base`` on a machine (``profile``, a server's ``startup_s``); ``facts_of``
@@ -48,7 +34,8 @@ class SizeSearch:
     target_s: float
     facts_of: Callable[[Any], Any]
     history: str = "live"
-    users: int | None = None
+    users: int | None = None                # --users: the only interleaving
+    conversations: int | None = None        # --conversations: the only conversation count
     _sizes: dict[tuple[float, float, int], tuple[Any, Any]] = field(default_factory=dict, repr=False)
     _curve: dict[tuple[float, float, int, int], Any] = field(default_factory=dict, repr=False)
     _full: dict[tuple[float, float, int, int], Any] = field(default_factory=dict, repr=False)
@@ -123,32 +110,63 @@ class SizeSearch:
     def first_reached(self, gr: Shape, u: int, cs: Sequence[int]) -> int | None:
         return next((c for c in cs if self.reaches(gr, c, u)), None)
 
-    def in_regime(self, gr: Shape, c: int, u: int) -> RegimeSize:
-        """The size, estimated with the capacities it would run with (the TTFT model's RAM)."""
-        from kvtier.demo.sizing import estimate
+    def under(self, gr: Shape, u: int) -> int:
+        """The most conversations whose estimate fits the target at (g, r) and ``u`` users; 0 if none."""
+        from kvtier.demo.sizing import MAX_CONVERSATIONS
 
-        size, f = self.make(gr, c, u)
-        est = estimate(self.profile, self.startup_s, size, f, self.history, self.regime(gr, c, u))[0]
-        return RegimeSize(size.conversations, size.concurrency, f.requests, gr[0], gr[1], est)
+        if self.conversations is not None:
+            return self.conversations if self.total(gr, self.conversations, u) <= self.target_s else 0
+        return largest_under(lambda c: self.total(gr, c, u), self.target_s, self.base.conversations,
+                             MAX_CONVERSATIONS)
 
-    def nearest_in_regime(self, scales: Sequence[float], user_candidates: Sequence[int],
-                          max_conversations: int) -> RegimeSize | None:
-        """The cheapest size found that reaches the regime: length scales smallest first (a longer prompt
-        costs more time), at the first g where any (r, U, C) reaches it, the one with the smallest
-        estimate; C in {U, 2U, 4U, ...} up to ``max_conversations`` (a returning turn's reuse distance
-        grows with the conversations in flight). None: nothing up to that size reaches it."""
+    def cheapest_in_regime(self, scales: Sequence[float], user_candidates: Sequence[int], max_conversations: int,
+                           neighbours: int) -> tuple[float, Shape, int, int] | None:
+        """(estimate s, (g, r), C, U) of the cheapest size found that reaches the regime, or None.
+
+        Length scales smallest first (a longer prompt costs more time); at the first g where any (r, U, C)
+        reaches it, the one with the smallest estimate. Per (g, r, U), C from just above the most that fit
+        the target (``under``: its next ``neighbours``, twice and four times it) and from the interleaving
+        (U to U + ``neighbours`` - 1, 2U, 4U, 8U: a returning turn's reuse distance grows with the
+        conversations in flight), up to ``max_conversations``; the smallest C that reaches the regime."""
         for g in sorted(set(scales)):
             options = []
             for gr in self.shapes([g]):
                 for u in user_candidates:
-                    cs, c = [], max(1, u)
-                    while c <= max_conversations:
-                        cs.append(c)
-                        c *= 2
+                    if self.conversations is not None:
+                        cs = [self.conversations]
+                    else:
+                        lo = max(1, self.under(gr, u))
+                        cs = sorted(c for c in {*range(lo + 1, lo + 1 + neighbours), *range(u, u + neighbours),
+                                                2 * lo, 4 * lo, 2 * u, 4 * u, 8 * u} if c <= max_conversations)
                     hit = self.first_reached(gr, u, cs)
                     if hit is not None:
                         options.append((self.total(gr, hit, u), gr, hit, u))
             if options:
-                _, gr, c, u = min(options)
-                return self.in_regime(gr, c, u)
+                return min(options)
         return None
+
+
+def largest_under(fn: Callable[[int], float], target: float, start: int, most: int) -> int:
+    """Largest C in [1, ``most``] with fn(C) <= target (fn grows with C); 0 if none."""
+    lo, hi = 0, None
+    c = max(1, start)
+    while True:                      # bracket: double or halve from the base size
+        if fn(c) <= target:
+            lo = c
+            if c >= most:
+                return c
+            nxt = min(most, c * 2)
+            if hi is not None and nxt >= hi:
+                break
+            c = nxt
+        else:
+            hi = c
+            if c == 1:
+                return 0
+            if lo:
+                break
+            c = max(1, c // 2)
+    while hi is not None and hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fn(mid) <= target else (lo, mid)
+    return lo

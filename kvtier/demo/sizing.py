@@ -21,10 +21,9 @@ demo generates and tokenizes it, unit tests pass a fake). Four knobs, and what t
   The capacities are not fractions of the working set: they are read off the workload's miss-ratio
   curve in the closed loop's send order (``kvtier.demo.regime``), and a size is only taken when the
   curve reaches the published regime there (vanilla ~4% hit, RAM-only a modest share of the ideal,
-  RAM+SSD essentially all of it). When no size under the target reaches it at the smallest g, the
-  smallest size that does is taken and the result says ``over_target``; when none at the smallest g
-  does, the size at the target runs outside the regime and ``nearest_in_regime`` names the cheapest
-  size found that reaches it (``kvtier.demo.size_search``), so the demo can say by how much.
+  RAM+SSD essentially all of it). When the largest sizes under the target miss it, the cheapest size
+  found that reaches it (any g; ``kvtier.demo.size_search``) is taken, and when that is over the
+  target the result says ``over_target``, and by how much.
 
 Estimated wall time = calibration + 4 server starts (calibration + 3 configurations) + per
 configuration the closed loop's makespan (``closed_loop_seconds``): ``users`` users each take the
@@ -142,9 +141,6 @@ class Sizing:
     overridden: tuple[str, ...] = ()
     regime: Any = None              # kvtier.demo.regime.Regime: the curve and the three capacities on it
     reply_scale: float = 1.0        # replies' length x this on top of length_scale (REPLY_SCALES)
-    #: when this size misses the regime: the cheapest size found that reaches it (``kvtier.demo.size_search``;
-    #: its estimate says by how much the target is short), None when none up to MAX_FALLBACK_CONVERSATIONS does
-    nearest_in_regime: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"length_scale": self.length_scale, "reply_scale": self.reply_scale, "think_scale": self.think_scale,
@@ -153,8 +149,7 @@ class Sizing:
                 "over_target": self.over_target, "overridden": list(self.overridden),
                 "conversations": self.size.conversations, "users": self.size.concurrency,
                 "requests": self.facts.requests, "prompt_tokens": self.facts.prompt_tokens,
-                "working_set_tokens": self.facts.working_set_tokens,
-                "nearest_in_regime": None if self.nearest_in_regime is None else self.nearest_in_regime.to_dict()}
+                "working_set_tokens": self.facts.working_set_tokens}
 
 
 FactsOf = Callable[[Any], WorkloadFacts]
@@ -302,29 +297,24 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
     For each length scale g (largest first), each reply scale r (``REPLY_SCALES``, longest first) and
     each interleaving U (``regime.user_candidates``, fewest users first): the most conversations C whose
     estimate fits the target; the first (g, r, U, C) whose miss-ratio curve reaches the regime is the
-    size. When none does, at the smallest g the smallest C that reaches it (over the target, said in
-    ``over_target``; the longest replies that reach it); when even that fails, the size at the target
-    with ``regime.reached`` False, and in ``nearest_in_regime`` the cheapest size found at any length
-    scale that reaches it, whose estimate says how far the machine is from the regime in the target.
-    What gives is token lengths and request counts, never the regime."""
+    size. When none does, the cheapest size found that reaches it at any g
+    (``kvtier.demo.size_search.SizeSearch.cheapest_in_regime``): other conversation counts can reach it
+    under the target too, else it runs over the target, said in ``over_target`` (the demo says by how
+    much before it starts); when none up to ``MAX_FALLBACK_CONVERSATIONS`` does, the size at the target
+    with ``regime.reached`` False. What gives is token lengths and request counts, never the regime."""
     from kvtier.demo.regime import user_candidates
     from kvtier.demo.size_search import SizeSearch
 
     s = profile.speed_factor()
     g0 = min(1.0, max(MIN_LENGTH_SCALE, 1.0 / s))
     scales = [g0] + [g for g in (0.8, 0.6, 0.5, 0.4, 0.3, 0.25, MIN_LENGTH_SCALE) if g < g0]
-    search = SizeSearch(base, profile, startup_s, target_s, facts_of, history, users)
+    search = SizeSearch(base, profile, startup_s, target_s, facts_of, history, users, conversations)
     cands = [users] if users is not None else user_candidates(base.concurrency)
-
-    def under(gr: tuple[float, float], u: int) -> int:
-        if conversations is not None:
-            return conversations if search.total(gr, conversations, u) <= target_s else 0
-        return _largest_under(lambda c: search.total(gr, c, u), target_s, base.conversations)
 
     chosen: tuple[tuple[float, float], int, int] | None = None
     for gr in search.shapes(scales):
         for u in cands:
-            c = under(gr, u)
+            c = search.under(gr, u)
             # the seeded workloads of neighbouring sizes differ (in their curves and in their estimates: one
             # conversation fewer can be a heavier workload): the largest that fits, or one of the next smaller
             # that fits too
@@ -336,27 +326,13 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
                 break
         if chosen is not None:
             break
-    if chosen is None:                   # over the target: the smallest size that reaches the regime
-        options = []
-        for gr in search.shapes(scales[-1:]):
-            for u in cands:
-                lo = max(1, under(gr, u))
-                c = conversations if conversations is not None else (
-                    search.first_reached(gr, u, sorted(c for c in {*range(lo + 1, lo + 1 + NEIGHBOURS),
-                                                                   *range(u, u + NEIGHBOURS), 2 * lo, 4 * lo, 2 * u, 4 * u}
-                                                       if c <= MAX_FALLBACK_CONVERSATIONS)) or lo)
-                if search.reaches(gr, c, u):
-                    options.append((search.total(gr, c, u), c, u))
-            if options:                  # the longest replies that reach it
-                _, c, u = min(options)
-                chosen = (gr, c, u)
-                break
-    nearest = None
-    if chosen is None:                   # not at the smallest g: the size at the target, and what would reach it
+    if chosen is None:                   # the cheapest size found that reaches the regime, over the target or not
+        cheapest = search.cheapest_in_regime(scales, cands, MAX_FALLBACK_CONVERSATIONS, NEIGHBOURS)
+        if cheapest is not None:
+            chosen = cheapest[1:]
+    if chosen is None:                   # unreachable on this workload: the size at the target, said so
         gr = (scales[-1], 1.0)
-        chosen = (gr, max(1, under(gr, cands[-1]), conversations or 0), cands[-1])
-        if conversations is None:
-            nearest = search.nearest_in_regime(scales, cands, MAX_FALLBACK_CONVERSATIONS)
+        chosen = (gr, max(1, search.under(gr, cands[-1]), conversations or 0), cands[-1])
     gr, c, u = chosen
     size, f = search.make(gr, c, u)
     chosen_regime = search.regime(gr, c, u)
@@ -364,30 +340,4 @@ def size_companion(base: Any, profile: PrefillProfile, startup_s: float, target_
     over = [k for k, v in (("users", users), ("conversations", conversations)) if v is not None]
     return Sizing(size=size, length_scale=gr[0], think_scale=s * gr[0], estimate_s=est, per_config_s=per, facts=f,
                   target_s=target_s, over_target=est > OVER_TARGET * target_s, overridden=tuple(over),
-                  regime=chosen_regime, reply_scale=gr[1], nearest_in_regime=nearest)
-
-
-def _largest_under(fn: Callable[[int], float], target: float, start: int) -> int:
-    """Largest C in [1, MAX_CONVERSATIONS] with fn(C) <= target (fn grows with C); 0 if none."""
-    lo, hi = 0, None
-    c = max(1, start)
-    while True:                      # bracket: double or halve from the base size
-        if fn(c) <= target:
-            lo = c
-            if c >= MAX_CONVERSATIONS:
-                return c
-            nxt = min(MAX_CONVERSATIONS, c * 2)
-            if hi is not None and nxt >= hi:
-                break
-            c = nxt
-        else:
-            hi = c
-            if c == 1:
-                return 0
-            if lo:
-                break
-            c = max(1, c // 2)
-    while hi is not None and hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fn(mid) <= target else (lo, mid)
-    return lo
+                  regime=chosen_regime, reply_scale=gr[1])
