@@ -16,11 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from interleaved_replays import KV_GIB, RAM      # the same engine and RAM tier (this script's folder)
 from kvtier.demo.calibrate import server_decode_timer
 from kvtier.model import default_model_path
 from kvtier.server import ServerSpec, VllmServer
-
-RAM = {"store": {"chunk_size": 128, "memory": {"capacity": 38_338_560}, "disk": {"enabled": False}}}
 
 
 def snapshot() -> dict[tuple[str, str], tuple[str, int, tuple[int, ...]]]:
@@ -52,7 +51,7 @@ def busiest(before: dict, after: dict, n: int = 6) -> list[str]:
 
 def main(config: str) -> None:
     spec = ServerSpec(name=f"probe-{config}", model=str(default_model_path()), max_model_len=784, dtype="bfloat16",
-                      kv_cache_space_gib=0.02197265625, kvtier_config=RAM if config == "ram" else None)
+                      kv_cache_space_gib=KV_GIB, kvtier_config=RAM if config == "ram" else None)
     with VllmServer.start(spec, Path(f"thread-cpu-{config}.log")) as server:
         a = snapshot()
         time.sleep(10)

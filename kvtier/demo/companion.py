@@ -256,8 +256,12 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     console.print(step.describe())
     ropts = replay_options(size, opts.history, bound)
     kw = {"start_server": start_server} if start_server is not None else {}
-    result = run_compare(wl_path, specs, out, ropts, title=f"kvtier demo: AI-companion chat ({size.concurrency} "
-                         f"users, {opts.history} history)", on_event=lambda m: console.print(f"[dim]{escape(m)}[/]"), **kw)
+    run_title = f"kvtier demo: AI-companion chat ({size.concurrency} users, {opts.history} history)"
+
+    def on_event(m: str) -> None:
+        console.print(f"[dim]{escape(m)}[/]")
+
+    result = run_compare(wl_path, specs, out, ropts, title=run_title, on_event=on_event, **kw)
     same = same_requests({r.name: r.records for r in result.runs}, {r.name: r.summary for r in result.runs},
                          planned=stats.requests)
     keys = None
@@ -319,14 +323,13 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
     figures["returning_turns_vs_bound"] = (figures["compared"]["kvtier-ram-ssd"]["returning_turns"] or {}).get(
         "ttft_over_bound")
     write_json(out / "demo.json", figures)
-    plot = plot_regime_safely(regime, out, lambda m: console.print(f"[dim]{escape(m)}[/]"))
+    plot = plot_regime_safely(regime, out, on_event)
     append_figures_section(Path(result.report_path), figures, regime, plot)
     if opts.repeats > 1:
         from kvtier.demo.repeats import append_repeats_section, repeats_table, run_repeats
 
         figures["repeats"] = run_repeats(opts.repeats, specs, result.runs, stats.requests, wl_path, out, ropts,
-                                         f"kvtier demo: AI-companion chat ({size.concurrency} users, {opts.history} "
-                                         f"history)", lambda m: console.print(f"[dim]{escape(m)}[/]"), start_server)
+                                         run_title, on_event, start_server)
         console.print(repeats_table(figures["repeats"]))
         append_repeats_section(Path(result.report_path), figures["repeats"])
         write_json(out / "demo.json", figures)

@@ -115,7 +115,8 @@ def regime_lines(regime: Any, plot: str | None) -> list[str]:
     return lines + [""]
 
 
-def _append(report: Path, lines: list[str]) -> None:
+def append_lines(report: Path, lines: list[str]) -> None:
+    """Append ``lines`` to the report, replacing it atomically (a reader sees the old or the new one)."""
     tmp = report.with_name(f".{report.name}.tmp")
     tmp.write_text(report.read_text() + "\n".join(lines))
     tmp.replace(report)
@@ -141,7 +142,7 @@ def append_figures_section(report: Path, f: dict[str, Any], regime: Any = None, 
     lines += time_lines(f)
     if regime is not None:
         lines += regime_lines(regime, plot)
-    _append(report, lines)
+    append_lines(report, lines)
 
 
 def append_light_section(report: Path, lf: dict[str, Any], users: int) -> None:
@@ -157,7 +158,7 @@ def append_light_section(report: Path, lf: dict[str, Any], users: int) -> None:
                      f"| {fmt_x(ratio(base, c.get('ttft_mean_s')))} | {fmt_pct(c.get('token_hit_rate'))} "
                      f"| {fmt_s(c.get('output_tokens_per_s'))} | {_n(c.get('computed_tokens_per_request'))} |")
     lines.append(f"\nideal hit rate {fmt_pct(lf.get('ideal_hit_rate'))} ({lf['history']} history)\n")
-    _append(report, lines)
+    append_lines(report, lines)
 
 
 def _n(v: float | None) -> str:

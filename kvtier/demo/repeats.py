@@ -22,8 +22,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from kvtier.demo.common import fmt_pct, fmt_s, fmt_x, ratio
+from kvtier.demo.companion_report import append_lines
 
 BASELINE = "vanilla"
+#: the repeats' table columns (console and report)
+HEADER = ["configuration", "TTFT mean s", "speedup", "returning turns", "token hit rate"]
 
 
 def repeat_order(names: Sequence[str], repeat: int) -> list[str]:
@@ -108,9 +111,6 @@ def repeats_rows(summary: dict[str, Any]) -> list[list[str]]:
             for name, c in summary["configs"].items()]
 
 
-HEADER = ["configuration", "TTFT mean s", "speedup", "returning turns", "token hit rate"]
-
-
 def repeats_table(summary: dict[str, Any]) -> Any:
     from rich.table import Table
 
@@ -134,5 +134,4 @@ def append_repeats_section(report: Path, summary: dict[str, Any]) -> None:
     for e, order in zip(summary["runs"], summary["orders"]):
         where = "this report" if e["repeat"] == 1 else f"[repeat-{e['repeat']}/report.md](repeat-{e['repeat']}/report.md)"
         lines.append(f"- repeat {e['repeat']}: {', '.join(order)} ({where})")
-    with report.open("a") as f:
-        f.write("\n".join(lines) + "\n")
+    append_lines(report, lines + [""])
