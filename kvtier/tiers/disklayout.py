@@ -59,6 +59,10 @@ class NamespaceDir:
     root: Path
     #: fan-out directories this process made or found (``publish``); not part of the value
     _dirs: set[str] = field(default_factory=set, compare=False, repr=False)
+    _chunks_str: str = field(default="", init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_chunks_str", str(self.root / "chunks"))   # path_of, once per put and get
 
     @property
     def chunks(self) -> Path:
@@ -120,7 +124,7 @@ class NamespaceDir:
 
     def path_of(self, key: ChunkKey) -> str:
         h = key.hex()
-        return f"{self.chunks}/{h[:2]}/{h}{SUFFIX}"
+        return f"{self._chunks_str}/{h[:2]}/{h}{SUFFIX}"
 
     def publish(self, tmp: str, final: str) -> None:
         """Rename the complete file ``tmp`` to its final name (``os.replace``: atomic, a reader sees

@@ -240,8 +240,14 @@ def _synthetic(put_vs: float, above: list[int]) -> dict:
 def test_a_target_on_a_baseline_that_was_no_ceiling_is_not_met() -> None:
     assert store_bench_report.targets(_synthetic(0.95, []))["default.disk_put"]["met"] is True
     t = store_bench_report.targets(_synthetic(0.95, [1]))["default.disk_put"]
-    assert t["met"] is False and t["ceiling_held"] is False
-    assert store_bench_report.targets(_synthetic(0.85, []))["default.disk_put"]["met"] is False   # target 0.9
+    assert t["met"] is False and t["ceiling_held"] is False and t["rounds_above"] == [2]
+    assert store_bench_report.target_line(t) == ("0.95 (min 0.95), target ≥ 0.9: MISSED (the tier beat every "
+                                                 "plain variant in round(s) [2]: no ceiling there)")
+    low = store_bench_report.targets(_synthetic(0.85, []))["default.disk_put"]
+    assert low["met"] is False                                                                    # target 0.9
+    assert store_bench_report.target_line(low) == "0.85 (min 0.85), target ≥ 0.9: MISSED"
+    both = store_bench_report.targets(_synthetic(0.85, [0, 3]))["default.disk_put"]
+    assert store_bench_report.target_line(both).endswith("round(s) [1, 4]: no ceiling there; and below the target)")
 
 
 @pytest.mark.parametrize("o_direct", [False, True])
