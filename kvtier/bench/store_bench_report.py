@@ -8,10 +8,18 @@ from kvtier.bench.disk_attribution import fig, attribution_markdown
 from kvtier.bench.store_bench_rounds import HEADLINE, WRITER_THREADS
 
 
+#: a tier whose median ratio to the ceiling is above this beat it by more than noise: no ceiling. The
+#: median of nine rounds of the same figure moves by about +-5% between runs on the virtio disks
+#: measured (0.88-0.97 for one put ratio the same day).
+CEILING_TOLERANCE = 1.05
+
+
 def targets(r: dict) -> dict:
     """Each target per model: the median per-round ratio (and its min) against the threshold. Disk
-    ratios are against the ceiling of plain I/O of the same files (``ceiling_held``: no round where
-    the tier beat every plain variant; a target met on a baseline that was no ceiling is not met)."""
+    ratios are against the ceiling of plain I/O of the same files. ``ceiling_held``: the tier's median
+    ratio is at most ``CEILING_TOLERANCE``; a target met on a baseline that was no ceiling is not met.
+    Rounds above 1 (``rounds_above``) are listed, not held against it: a tier *at* the ceiling beats
+    it in about half the rounds, by the disk's noise."""
     out = {}
     for name, d in r["models"].items():
         disk = d["disk"]
@@ -23,7 +31,7 @@ def targets(r: dict) -> dict:
         if pool:
             rows.append(("disk_put_store_path", pool["put_vs_raw_write"], 0.9, pool["raw_write"]))
         for key, ratio, thr, ceil in rows:
-            held = ceil is None or not ceil["rounds_above"]
+            held = ceil is None or ratio["median"] <= CEILING_TOLERANCE
             out[f"{name}.{key}"] = {"ratio_median": ratio["median"], "ratio_min": ratio["min"], "target": thr,
                                     "met": ratio["median"] >= thr and held,
                                     **({} if ceil is None else {"ceiling_held": held,
@@ -34,13 +42,14 @@ def targets(r: dict) -> dict:
 
 
 def target_line(t: dict) -> str:
-    """One target's figure and verdict, and why it is missed: below the threshold, or no ceiling in
-    some rounds (the tier beat every plain variant there, so those rounds measured nothing)."""
+    """One target's figure and verdict; a missed one says why when the baseline was no ceiling (the
+    tier beat it by more than the tolerance in the median round); rounds where it beat it are listed."""
     val = f"{t['ratio_median']} (min {t['ratio_min']})" if "ratio_median" in t else f"{t['value']} ms"
     line = f"{val}, target {'≥' if 'ratio_median' in t else '≤'} {t['target']}: {'met' if t['met'] else 'MISSED'}"
-    if not t["met"] and t.get("ceiling_held") is False:
-        line += (f" (the tier beat every plain variant in round(s) {t['rounds_above']}: no ceiling there"
-                 + (")" if t["ratio_median"] >= t["target"] else "; and below the target)"))
+    if t.get("ceiling_held") is False:
+        line += f" (the tier beat the plain I/O by more than {CEILING_TOLERANCE - 1:.0%} in the median round: no ceiling)"
+    if t.get("rounds_above"):
+        line += f"; the tier beat every plain variant in round(s) {t['rounds_above']}"
     return line
 
 
@@ -63,8 +72,8 @@ def ceiling_markdown(r: dict) -> list[str]:
             for kind in ("raw_write", "raw_read"):
                 c = t[kind]
                 parts = ", ".join(f"{k} {fig(s)}" for k, s in c["variants"].items())
-                above = (f"; the tier beat every variant in round(s) {[i + 1 for i in c['rounds_above']]}: "
-                         "no ceiling there" if c["rounds_above"] else "")
+                above = (f"; the tier beat every variant in round(s) {[i + 1 for i in c['rounds_above']]}"
+                         if c["rounds_above"] else "")
                 lines.append(f"* {name} {v} {kind.replace('raw_', '')}: {parts}; best per round "
                              f"{c['best_per_round']}{above}")
     lines += ["", "References (other files, not ceilings): one preallocated file, sequential O_DIRECT in "

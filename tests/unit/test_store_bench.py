@@ -238,16 +238,24 @@ def _synthetic(put_vs: float, above: list[int]) -> dict:
 
 
 def test_a_target_on_a_baseline_that_was_no_ceiling_is_not_met() -> None:
+    """No ceiling: the tier beat the plain I/O by more than the disk's noise in the median round (a
+    baseline 1.31x below the tier is no ceiling). Rounds above it are noise (a tier at the ceiling
+    beats it in about half the rounds): listed, not held against it."""
     assert store_bench_report.targets(_synthetic(0.95, []))["default.disk_put"]["met"] is True
-    t = store_bench_report.targets(_synthetic(0.95, [1]))["default.disk_put"]
-    assert t["met"] is False and t["ceiling_held"] is False and t["rounds_above"] == [2]
-    assert store_bench_report.target_line(t) == ("0.95 (min 0.95), target ≥ 0.9: MISSED (the tier beat every "
-                                                 "plain variant in round(s) [2]: no ceiling there)")
+    noisy = store_bench_report.targets(_synthetic(0.97, [1, 4]))["default.disk_put"]
+    assert noisy["met"] is True and noisy["ceiling_held"] is True and noisy["rounds_above"] == [2, 5]
+    assert store_bench_report.target_line(noisy) == ("0.97 (min 0.97), target ≥ 0.9: met; the tier beat every "
+                                                     "plain variant in round(s) [2, 5]")
+    at = store_bench_report.targets(_synthetic(1.03, [0, 1, 2]))["default.disk_put"]   # at it, by noise
+    assert at["met"] is True and at["ceiling_held"] is True
+    above = store_bench_report.targets(_synthetic(1.31, [0, 1, 2]))["default.disk_put"]
+    assert above["met"] is False and above["ceiling_held"] is False
+    assert store_bench_report.target_line(above) == (
+        "1.31 (min 1.31), target ≥ 0.9: MISSED (the tier beat the plain I/O by more than 5% in the median round: "
+        "no ceiling); the tier beat every plain variant in round(s) [1, 2, 3]")
     low = store_bench_report.targets(_synthetic(0.85, []))["default.disk_put"]
     assert low["met"] is False                                                                    # target 0.9
     assert store_bench_report.target_line(low) == "0.85 (min 0.85), target ≥ 0.9: MISSED"
-    both = store_bench_report.targets(_synthetic(0.85, [0, 3]))["default.disk_put"]
-    assert store_bench_report.target_line(both).endswith("round(s) [1, 4]: no ceiling there; and below the target)")
 
 
 @pytest.mark.parametrize("o_direct", [False, True])
