@@ -19,7 +19,7 @@ err = Console(stderr=True, soft_wrap=True)  # one line per error, never wrapped
 
 def ttft(
     lengths: str = typer.Option(None, help="Comma-separated prompt lengths in tokens (max 8192; default "
-                                "1024,4096,8192, with --slow-tier 1024)."),
+                                "1024,4096,8192, with --slow-tier 1024, with --layerwise 2048)."),
     repeats: str = typer.Option("3", help="Distinct prompts per length (figures are medians): N, or one count "
                                 "per length, e.g. 3,2,1 for 1024,4096,8192."),
     dtype: str = dtype_option(),
@@ -51,18 +51,20 @@ def ttft(
     diag: bool = typer.Option(False, "--diag", help="One extra hit per kvtier role under cProfile (in --json)."),
     slow_tier: bool = typer.Option(False, "--slow-tier", help="Instead: a hit from a shared tier slowed so that "
                                    "loading takes ~2x computing, and at full speed, with claims.policy always "
-                                   "and pays-off, against recompute in the same run."),
+                                   "and pays-off, against recompute in the same run (with --layerwise: both, "
+                                   "one report)."),
     slow_latency_ms: float = typer.Option(None, "--slow-latency-ms", min=0, help="With --slow-tier: the latency "
                                           "added to every read and lookup of the slow tier (default: sized from "
                                           "the run's own recompute time)."),
     layerwise: bool = typer.Option(False, "--layerwise", help="Instead: an SSD hit of each length with a new "
                                    "--suffix, loaded whole before the forward pass and layer by layer during it, "
-                                   "against load alone and suffix compute alone, in one engine."),
+                                   "against load alone and suffix compute alone, in one engine (with --slow-tier: "
+                                   "both, one report)."),
     suffix: int = typer.Option(256, "--suffix", min=128, max=2048, help="With --layerwise: new tokens after the "
                                "stored prefix."),
 ) -> None:
     """Measure TTFT (wall time of generate(max_tokens=1)) for each cache path, one engine per path."""
-    lengths = lengths or ("1024" if slow_tier else "2048" if layerwise else "1024,4096,8192")
+    lengths = lengths or ("2048" if layerwise else "1024" if slow_tier else "1024,4096,8192")
     try:
         ns = [int(x) for x in lengths.split(",") if x.strip()]
     except ValueError:
@@ -96,13 +98,29 @@ def ttft(
         raise typer.Exit(2)
     workdir = workdir or kvtier_home() / "bench" / "ttft"
     command = "kvtier " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    if layerwise:
-        _layerwise(model, workdir, ns, reps, choice.dtype, suffix, engine_timeout, command, max_num_batched_tokens,
-                   json_path, md_path)
-        return
-    if slow_tier:
-        _slow_tier(model, workdir, ns, reps, choice.dtype, slow_latency_ms, engine_timeout, command,
-                   max_num_batched_tokens, json_path, md_path)
+    if slow_tier or layerwise:
+        if len(set(reps.values())) != 1:
+            raise typer.BadParameter(f"{'--slow-tier' if slow_tier else '--layerwise'} takes one --repeats count "
+                                     "for every length")
+        if layerwise:
+            from kvtier.bench.ttft_engine import CHUNK
+            if any(n % CHUNK for n in ns):
+                raise typer.BadParameter(f"--layerwise lengths must be multiples of the {CHUNK}-token chunk")
+        both = slow_tier and layerwise
+        parts: dict[str, tuple[str, dict, list[str]]] = {}
+        if slow_tier:
+            parts["slow_tier"] = _slow_tier(model, workdir / "slow-tier" if both else workdir, ns, reps,
+                                            choice.dtype, slow_latency_ms, engine_timeout, command,
+                                            max_num_batched_tokens)
+        if layerwise:
+            parts["layerwise"] = _layerwise(model, workdir / "layerwise" if both else workdir, ns, reps,
+                                            choice.dtype, suffix, engine_timeout, command, max_num_batched_tokens)
+        doc = {k: d for k, (_, d, _) in parts.items()} if both else next(iter(parts.values()))[1]
+        _emit("\n".join(md for md, _, _ in parts.values()), doc, json_path, md_path)
+        errors = [e for _, _, es in parts.values() for e in es]
+        if errors:
+            err.print("[red]error: " + "; ".join(errors) + "[/]")
+            raise typer.Exit(1)
         return
     report = run_ttft(str(model), workdir, ns, repeats=reps, dtype=choice.dtype, with_example=example,
                       timeout_s=engine_timeout, command=command, log=lambda m: err.print(m), roles=role_list,
@@ -129,39 +147,27 @@ def _emit(md: str, doc: dict, json_path: Path | None, md_path: Path | None) -> N
 
 
 def _slow_tier(model: Path, workdir: Path, lengths: list[int], reps: dict[int, int], dtype: str,
-               latency_ms: float | None, engine_timeout: float, command: str, max_batched: int,
-               json_path: Path | None, md_path: Path | None) -> None:
+               latency_ms: float | None, engine_timeout: float, command: str,
+               max_batched: int) -> tuple[str, dict, list[str]]:
+    """The slow-tier run: its Markdown, its JSON and what it found wrong (violations, crashed engines)."""
     from kvtier.bench.ttft_slow import report_json, report_markdown, run_slow_tier
 
-    if len(set(reps.values())) != 1:
-        raise typer.BadParameter("--slow-tier takes one --repeats count for every length")
     report = run_slow_tier(str(model), workdir, lengths, repeats=next(iter(reps.values())), dtype=dtype,
                            latency_ms=latency_ms, timeout_s=engine_timeout, command=command,
                            log=lambda m: err.print(m), max_batched=max_batched)
-    _emit(report_markdown(report), report_json(report), json_path, md_path)
-    if report.violations or report.crashes:
-        err.print("[red]error: " + "; ".join(report.violations + [f"{k}: {v}" for k, v in report.crashes.items()])
-                  + "[/]")
-        raise typer.Exit(1)
+    errors = report.violations + [f"{k}: {v}" for k, v in report.crashes.items()]
+    return report_markdown(report), report_json(report), errors
 
 
 def _layerwise(model: Path, workdir: Path, lengths: list[int], reps: dict[int, int], dtype: str, suffix: int,
-               engine_timeout: float, command: str, max_batched: int, json_path: Path | None,
-               md_path: Path | None) -> None:
-    from kvtier.bench.ttft_engine import CHUNK
+               engine_timeout: float, command: str, max_batched: int) -> tuple[str, dict, list[str]]:
+    """The layerwise run: its Markdown, its JSON and its violations."""
     from kvtier.bench.ttft_layerwise import report_json, report_markdown, run_layerwise
 
-    if len(set(reps.values())) != 1:
-        raise typer.BadParameter("--layerwise takes one --repeats count for every length")
-    if any(n % CHUNK for n in lengths):
-        raise typer.BadParameter(f"--layerwise lengths must be multiples of the {CHUNK}-token chunk")
     report = run_layerwise(str(model), workdir, lengths, suffix, repeats=next(iter(reps.values())), dtype=dtype,
                            timeout_s=engine_timeout, command=command, log=lambda m: err.print(m),
                            max_batched=max_batched)
-    _emit(report_markdown(report), report_json(report), json_path, md_path)
-    if report.violations:
-        err.print("[red]error: " + "; ".join(report.violations) + "[/]")
-        raise typer.Exit(1)
+    return report_markdown(report), report_json(report), list(report.violations)
 
 
 def shared_targets(sharedfs: Path | None, sharedfs_read: Path | None, sharedfs_evict: str, valkey: str,
