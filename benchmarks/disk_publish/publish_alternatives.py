@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import os
-import sys
-import time
 from pathlib import Path
 
-import numpy as np
+from blocks import arguments, print_figures, time_blocks, timed
 
-from kvtier.bench.store_bench_files import random_buffer, remove_settled
+from kvtier.bench.store_bench_files import remove_settled
 from kvtier.bench.store_bench_raw import prepare_layout, write_one
-from kvtier.chunk import file_size
 from kvtier.tiers.diskio import ALIGN, _end_buffered, _preallocate, open_direct
 from kvtier.tiers.disklayout import NamespaceDir
 
@@ -78,40 +75,20 @@ def write_variant(lay: NamespaceDir, name: str, src: memoryview, fbytes: int, va
             os.close(fd)
 
 
-def main(root: Path, chunk: int, blocks: int, rounds: int = 2) -> None:
-    fbytes = file_size(chunk)
-    src = random_buffer(-(-fbytes // ALIGN) * ALIGN, 3)
-    per = max(1, (64 << 20) // chunk)
-    times: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for r in range(rounds):
-        lays = {v: NamespaceDir(root / f"{v}-{r}") for v in VARIANTS}
-        for v, lay in lays.items():
-            remove_settled(lay.root)
-            prepare_layout(lay, fanout=True)
-        os.sync()
-        for b in range(blocks):
-            names = [os.urandom(32).hex() for _ in range(per)]
-            k = (b + r) % len(VARIANTS)
-            for v in VARIANTS[k:] + VARIANTS[:k]:
-                t = time.perf_counter()
-                for name in names:
-                    write_variant(lays[v], name, src, fbytes, v)
-                os.sync()
-                times[v].append(time.perf_counter() - t)
-        for v in VARIANTS:
-            remove_settled(root / f"{v}-{r}")
-    vol = rounds * blocks * per * chunk / 1e9
-    print(f"{rounds} rounds x {blocks} blocks of {per} chunk files of {chunk / 2**20:.2f} MiB payload")
-    for v, ts in times.items():
-        print(f"{v:16s} {vol / sum(ts):.3f} GB/s")
-    base = np.array(times["publish"])
-    for v in VARIANTS[1:]:
-        ratio = base / np.array(times[v])
-        print(f"{v} / publish, per block: median {np.median(ratio):.3f}, mean {ratio.mean():.3f}")
+def _layout(d: Path, variant: str) -> NamespaceDir:
+    remove_settled(d)
+    lay = NamespaceDir(d)
+    prepare_layout(lay, fanout=True)
+    return lay
+
+
+def _write(lay: NamespaceDir, names: list[str], src: memoryview, fbytes: int, variant: str) -> float:
+    return timed(lambda: [write_variant(lay, name, src, fbytes, variant) for name in names])
+
+
+def main(root: Path, chunk: int, blocks: int) -> None:
+    print_figures(time_blocks(root, chunk, blocks, VARIANTS, _layout, _write), chunk, base="publish")
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
-        sys.exit("usage: publish_alternatives.py DIR [CHUNK_MIB] [BLOCKS]")
-    main(Path(sys.argv[1]), int(float(sys.argv[2] if len(sys.argv) > 2 else 5.62) * 2**20),
-         int(sys.argv[3]) if len(sys.argv) > 3 else 24)
+    main(*arguments("usage: publish_alternatives.py DIR [CHUNK_MIB] [BLOCKS]", 24))
