@@ -314,8 +314,9 @@ def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]],
                        trace.turn, trace.prompt_tokens, trace.max_tokens, trace.think_s, rank, trace.hashes,
                        trace.hoffsets)
     stream = access_stream(ordered, chunk_tokens)
-    curve = miss_ratio_curve(stream, chunk_tokens)
-    d, _ = stack_distances(stream)
+    distances = stack_distances(stream)
+    curve = miss_ratio_curve(stream, chunk_tokens, distances=distances)
+    d = distances[0]
     warm = d != COLD
     per_req: dict[int, int] = {}
     for r, x in zip(stream.req[warm].tolist(), d[warm].tolist()):
@@ -325,13 +326,23 @@ def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]],
     return curve, med
 
 
-def regime_for(size: Any, facts: Any, profile: Any, history: str = "live", *, ttft_model: bool = True) -> Regime:
-    """The regime of a size: its workload's curve in the closed loop's send order at ``size.concurrency``
-    users, and the capacities chosen on it (``facts.trace`` when the facts carry one). ``ttft_model``:
-    size RAM by the closed loop's predicted RAM-only speedup (``kvtier.demo.sizing.LoopModel`` with the
-    engine's KV space), and predict each configuration's mean TTFT; False: by the curve alone (cheap)."""
+@dataclass(frozen=True)
+class SizeCurve:
+    """A size's curve in the closed loop's send order and the capacities chosen on it by the curve
+    alone (``size_curve``): what the TTFT-model choice (``regime_on``) starts from."""
+
+    curve: MissRatioCurve
+    returning_distance_median_tokens: float | None
+    floor_tokens: int
+    out_tokens: int | None
+    chosen: Regime
+
+
+def size_curve(size: Any, facts: Any, profile: Any, history: str = "live") -> SizeCurve:
+    """The curve of a size's workload in the closed loop's send order at ``size.concurrency`` users
+    (``facts.trace`` when the facts carry one) and the capacities the curve alone chooses."""
     from kvtier.demo.live import engine_size
-    from kvtier.demo.sizing import ENGINE_BLOCK_TOKENS, LoopModel, max_model_len
+    from kvtier.demo.sizing import ENGINE_BLOCK_TOKENS, max_model_len
 
     trace = getattr(facts, "trace", None)
     trace = trace if trace is not None else synthetic_trace(facts)
@@ -341,12 +352,28 @@ def regime_for(size: Any, facts: Any, profile: Any, history: str = "live", *, tt
     floor = max_model_len(engine_size(size, history)) + ENGINE_BLOCK_TOKENS
     chosen = choose_capacities(curve, floor_tokens=floor, working_set_tokens=facts.working_set_tokens,
                                users=size.concurrency, returning_distance_median_tokens=med)
-    if not ttft_model:
-        return chosen
-    model = LoopModel(profile, facts, size.concurrency, size.think_time_scale, chosen.engine.tokens,
-                      curve.ideal_hit_rate, out)
-    return choose_capacities(curve, floor_tokens=floor, working_set_tokens=facts.working_set_tokens,
-                             users=size.concurrency, returning_distance_median_tokens=med, model=model)
+    return SizeCurve(curve, med, floor, out, chosen)
+
+
+def regime_on(sc: SizeCurve, size: Any, facts: Any, profile: Any) -> Regime:
+    """The capacities on ``sc``'s curve with RAM sized by the closed loop's predicted RAM-only speedup
+    (``kvtier.demo.sizing.LoopModel`` with the engine's KV space), each configuration's mean TTFT predicted."""
+    from kvtier.demo.sizing import LoopModel
+
+    model = LoopModel(profile, facts, size.concurrency, size.think_time_scale, sc.chosen.engine.tokens,
+                      sc.curve.ideal_hit_rate, sc.out_tokens)
+    return choose_capacities(sc.curve, floor_tokens=sc.floor_tokens, working_set_tokens=facts.working_set_tokens,
+                             users=size.concurrency, returning_distance_median_tokens=sc.returning_distance_median_tokens,
+                             model=model)
+
+
+def regime_for(size: Any, facts: Any, profile: Any, history: str = "live", *, ttft_model: bool = True) -> Regime:
+    """The regime of a size: its workload's curve in the closed loop's send order at ``size.concurrency``
+    users, and the capacities chosen on it (``size_curve``). ``ttft_model``: size RAM by the closed
+    loop's predicted RAM-only speedup and predict each configuration's mean TTFT (``regime_on``);
+    False: by the curve alone (cheap)."""
+    sc = size_curve(size, facts, profile, history)
+    return regime_on(sc, size, facts, profile) if ttft_model else sc.chosen
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 ``kvtier.demo.sizing.size_companion`` decides *which* size to run; this module answers the questions
 it asks about one candidate: the workload a (length scale g, reply scale r, conversations C, users U)
 generates, its estimated wall time (``kvtier.demo.sizing.estimate``), its capacities read off the
-miss-ratio curve (``kvtier.demo.regime.regime_for``, cheap without the TTFT model) and whether it
-reaches the published regime. Generating and tokenizing a workload is what costs (about 17 ms a
+miss-ratio curve (``kvtier.demo.regime.size_curve``, once per size; ``regime_on`` adds the TTFT
+model) and whether it reaches the published regime. Generating and tokenizing a workload is what costs (about 17 ms a
 conversation with the real tokenizer); everything is memoised by (g, r, C[, U]), so the policy can ask
 freely. ``cheapest_in_regime`` is the search for when the largest sizes under the target miss the
 regime: the cheapest size found that reaches it, at any length scale, under the target or not (its
@@ -39,6 +39,7 @@ class SizeSearch:
     _sizes: dict[tuple[float, float, int], tuple[Any, Any]] = field(default_factory=dict, repr=False)
     _curve: dict[tuple[float, float, int, int], Any] = field(default_factory=dict, repr=False)
     _full: dict[tuple[float, float, int, int], Any] = field(default_factory=dict, repr=False)
+    _total: dict[tuple[float, float, int, int], float] = field(default_factory=dict, repr=False)
 
     @property
     def speed(self) -> float:
@@ -75,30 +76,39 @@ class SizeSearch:
 
         return (*gr, max(1, min(MAX_CONVERSATIONS, c)), u)
 
-    def curve_regime(self, gr: Shape, c: int, u: int) -> Any:
-        """The capacities from the curve alone (no TTFT model): cheap, for the search's estimates."""
-        from kvtier.demo.regime import regime_for
+    def _size_curve(self, gr: Shape, c: int, u: int) -> Any:
+        """The size's curve in send order and the curve-alone capacities (``regime.size_curve``), once
+        per size: both regimes below start from it."""
+        from kvtier.demo.regime import size_curve
 
         key = self._key(gr, c, u)
         if key not in self._curve:
-            self._curve[key] = regime_for(*self.make(gr, c, u), self.profile, self.history, ttft_model=False)
+            self._curve[key] = size_curve(*self.make(gr, c, u), self.profile, self.history)
         return self._curve[key]
+
+    def curve_regime(self, gr: Shape, c: int, u: int) -> Any:
+        """The capacities from the curve alone (no TTFT model): cheap, for the search's estimates."""
+        return self._size_curve(gr, c, u).chosen
 
     def regime(self, gr: Shape, c: int, u: int) -> Any:
         """The capacities with the TTFT model (RAM sized by its predicted speedup): the regime that runs."""
-        from kvtier.demo.regime import regime_for
+        from kvtier.demo.regime import regime_on
 
         key = self._key(gr, c, u)
         if key not in self._full:
-            self._full[key] = regime_for(*self.make(gr, c, u), self.profile, self.history)
+            self._full[key] = regime_on(self._size_curve(gr, c, u), *self.make(gr, c, u), self.profile)
         return self._full[key]
 
     def total(self, gr: Shape, c: int, u: int) -> float:
         """Estimated wall time of the whole demo at this size (capacities from the curve alone)."""
         from kvtier.demo.sizing import estimate
 
-        size, f = self.make(gr, c, u)
-        return estimate(self.profile, self.startup_s, size, f, self.history, self.curve_regime(gr, c, u))[0]
+        key = self._key(gr, c, u)
+        if key not in self._total:
+            size, f = self.make(gr, c, u)
+            self._total[key] = estimate(self.profile, self.startup_s, size, f, self.history,
+                                        self.curve_regime(gr, c, u))[0]
+        return self._total[key]
 
     def could_reach(self, gr: Shape, c: int, u: int) -> bool:
         """The curve alone already rules out vanilla's or RAM+SSD's point (the TTFT model only moves RAM)."""

@@ -125,8 +125,10 @@ class MissRatioCurve:
         return int(self.capacities_chunks[idx[0]]) if len(idx) else None
 
 
-def miss_ratio_curve(s: AccessStream, chunk_bytes: int, rate: float = 1.0, points: int = 200) -> MissRatioCurve:
-    d, w = stack_distances(s, rate)
+def miss_ratio_curve(s: AccessStream, chunk_bytes: int, rate: float = 1.0, points: int = 200,
+                     distances: tuple[np.ndarray, np.ndarray] | None = None) -> MissRatioCurve:
+    """The curve of ``s`` (``distances``: its ``stack_distances(s, rate)`` when the caller has them)."""
+    d, w = stack_distances(s, rate) if distances is None else distances
     total = s.total_tokens
     warm = d != COLD
     ideal = float(w[warm].sum() / total) if total else 0.0
