@@ -18,6 +18,11 @@ from kvtier.chunk import file_size
 from kvtier.tiers.diskio import ALIGN
 from kvtier.tiers.disklayout import NamespaceDir
 
+def files_per_block(chunk: int) -> int:
+    """Chunk files of ``chunk`` payload bytes in one 64 MiB block (at least one)."""
+    return max(1, (64 << 20) // chunk)
+
+
 #: writes one block: (layout, file names, source buffer, file bytes, variant) -> seconds, written back
 WriteBlock = Callable[[NamespaceDir, list[str], memoryview, int, str], float]
 
@@ -29,7 +34,7 @@ def time_blocks(root: Path, chunk: int, blocks: int, variants: Sequence[str],
     its own fresh layout under ``root`` each round (removed after it)."""
     fbytes = file_size(chunk)
     src = random_buffer(-(-fbytes // ALIGN) * ALIGN, 3)
-    per = max(1, (64 << 20) // chunk)
+    per = files_per_block(chunk)
     times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(rounds):
         lays = {v: make_layout(root / f"{v}-{r}", v) for v in variants}
@@ -56,7 +61,7 @@ def timed(write_files: Callable[[], None]) -> float:
 def print_figures(times: dict[str, list[float]], chunk: int, base: str) -> None:
     """GB/s of each variant and its per-block ratio against ``base`` (above 1: faster)."""
     n = len(next(iter(times.values())))
-    per = max(1, (64 << 20) // chunk)
+    per = files_per_block(chunk)
     for v, ts in times.items():
         print(f"{v:16s} {n * per * chunk / 1e9 / sum(ts):.3f} GB/s")
     b = np.array(times[base])

@@ -24,8 +24,8 @@ from pathlib import Path
 from blocks import arguments, print_figures, time_blocks, timed
 
 from kvtier.bench.store_bench_files import remove_settled
-from kvtier.bench.store_bench_raw import prepare_layout, write_one
-from kvtier.tiers.diskio import ALIGN, _end_buffered, _preallocate, open_direct
+from kvtier.bench.store_bench_raw import prepare_layout, write_exact, write_one
+from kvtier.tiers.diskio import open_direct
 from kvtier.tiers.disklayout import NamespaceDir
 
 VARIANTS = ("publish", "unnamed_link", "writeback_hint", "padded")
@@ -40,12 +40,8 @@ def _check(rc: int, what: str) -> None:
 
 
 def _write_exact(fd: int, src: memoryview, fbytes: int, hint: bool) -> None:
-    """The tier's writes: blocks reserved, O_DIRECT body, buffered tail (write-back started: ``hint``)."""
-    _preallocate(fd, fbytes)
-    body = fbytes // ALIGN * ALIGN
-    os.pwrite(fd, src[:body], 0)
-    _end_buffered(fd)
-    os.pwrite(fd, src[body:fbytes], body)
+    """The tier's writes (``write_exact``), the buffered tail's write-back started at once: ``hint``."""
+    body = write_exact(fd, src, fbytes)
     if hint:
         _check(_LIBC.sync_file_range(fd, ctypes.c_int64(body), ctypes.c_int64(fbytes - body),
                                      ctypes.c_uint(_SYNC_FILE_RANGE_WRITE)), "sync_file_range")

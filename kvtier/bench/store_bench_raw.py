@@ -89,6 +89,17 @@ def _round_up(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def write_exact(fd: int, src: memoryview, file_bytes: int) -> int:
+    """The tier's writes into the new file ``fd`` opened with O_DIRECT: its exact blocks reserved, the
+    4 KiB-aligned body as one O_DIRECT write, the rest as one buffered write. Returns the body's length."""
+    _preallocate(fd, file_bytes)
+    body = file_bytes // ALIGN * ALIGN
+    os.pwrite(fd, src[:body], 0)
+    _end_buffered(fd)
+    os.pwrite(fd, src[body:file_bytes], body)
+    return body
+
+
 def write_one(tmp: str, final: str | None, src: memoryview, file_bytes: int, o_direct: bool, shape: str,
               layout: NamespaceDir | None = None) -> None:
     """Write one file of ``file_bytes`` bytes from ``src`` (aligned, at least the file rounded up to
@@ -99,11 +110,7 @@ def write_one(tmp: str, final: str | None, src: memoryview, file_bytes: int, o_d
             _preallocate(fd, _round_up(file_bytes))
             os.pwrite(fd, src[:_round_up(file_bytes)], 0)
         elif direct:
-            _preallocate(fd, file_bytes)
-            body = file_bytes // ALIGN * ALIGN
-            os.pwrite(fd, src[:body], 0)
-            _end_buffered(fd)
-            os.pwrite(fd, src[body:file_bytes], body)
+            write_exact(fd, src, file_bytes)
         else:
             os.pwrite(fd, src[:file_bytes], 0)
     finally:
