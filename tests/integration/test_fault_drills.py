@@ -53,9 +53,10 @@ def _cores() -> list[str | None]:
 
 
 def _cfg(disk: Path, stats: Path, log: Path | None = None, *, capacity: str = "4GiB", ram: bool = False,
-         **extra) -> str:
+         writer_threads: int = 2, **extra) -> str:
     c = {"store": {"chunk_size": CHUNK, "memory": {"enabled": ram, "capacity": "256MiB"},
-                   "disk": {"enabled": True, "path": str(disk), "capacity": capacity, "fsync": "file"}},
+                   "disk": {"enabled": True, "path": str(disk), "capacity": capacity, "fsync": "file",
+                            "writer_threads": writer_threads}},
          "connector": {"stats_dir": str(stats), "stats_interval_s": 1.0,
                        **({"request_log": str(log)} if log is not None else {})}}
     for k, v in extra.items():
@@ -245,7 +246,10 @@ def _faults_lane(model: Path, d: Path, tmpfs: Path, core: str | None, ns2: tuple
     then store.disk.path on a read-only tmpfs from the start; then the second namespace engine."""
     ref = _run("reference", model, d / "ref.json", core=core)
     st = d / "stats-faults"
-    cfg = _cfg(tmpfs, st, d / "faults.jsonl", capacity="1GiB",
+    # one disk writer: full-0's three chunks are written in order, so the two that fit are its first
+    # two and the slow phase has a stored prefix to claim (with two writers, which of the chain's
+    # chunks gets the last free space is a race; a chunk after a failed one is dropped as an orphan)
+    cfg = _cfg(tmpfs, st, d / "faults.jsonl", capacity="1GiB", writer_threads=1,
                store__faults={"wraps": "disk", "latency_ms": 4000}, connector__load_timeout_s=1.0)
     ro = d / "ro-mount"
     ro.mkdir()
@@ -336,7 +340,8 @@ def test_slow_tier_request_recomputes_others_keep_going(drills):
     ref, f = drills["ref"], drills["faults"]
     assert f["slow"]["outputs"] == ref["slow"]["outputs"]              # both requests of the batch, exact
     claims, loads = _claims_loads(f["slow"])
-    assert claims and loads and all(failed > 0 for _, failed in loads)  # the slow load timed out: recomputed
+    assert claims == [2 * CHUNK], f["slow"]["log"]                     # full-0's two stored chunks claimed
+    assert loads and all(failed > 0 for _, failed in loads), loads      # the slow load timed out: recomputed
     assert drills["faults_events"].get("kvtier_connector_errors_total", 0) >= 1
 
 

@@ -32,14 +32,18 @@ def test_queued_requests_load_prefetched_chunks_from_ram(bundled_model, tmp_path
     assert res["ram_after_drop"] == 0                       # the shared tier was the only holder
     assert res["queued"] == res["cold"]                     # token-exact against cold recompute
     ev = res["log"]
-    planned = [e for e in ev if e["event"] == "prefetch"]
-    full = [n // 256 for n in res["prompt_lens"]]           # full chunks of each prompt: in the shared tier
-    assert [p["chunks"] for p in planned] == full and all(p["tiers"] == {"shared": n} for p, n in zip(planned, full))
-    ids = [p["req"] for p in planned]
+    # each queued request, by its prompt length (the claim event names it): its full chunks, all in
+    # the shared tier. The two are planned as the shared tier's answers arrive, in either order.
+    prompt_of = {e["req"]: e["prompt_tokens"] for e in ev if e["event"] == "claim"}
+    planned = {e["req"]: e for e in ev if e["event"] == "prefetch"}
+    assert sorted(prompt_of.get(r, -1) for r in planned) == sorted(res["prompt_lens"])
     done = {e["req"]: e for e in ev if e["event"] == "prefetched"}
-    assert all(done[r]["fetched"] == n and done[r]["failed"] == 0 and done[r]["waiting"] for r, n in zip(ids, full))
     admitted = {e["req"]: e for e in ev if e["event"] == "prefetch_admitted"}
-    for r, n in zip(ids, full):         # scheduled after its prefetch: every claimed chunk in RAM
+    for r, p in planned.items():
+        n = prompt_of[r] // 256                             # full chunks of the prompt: in the shared tier
+        assert p["chunks"] == n and p["tiers"] == {"shared": n}
+        assert done[r]["fetched"] == n and done[r]["failed"] == 0 and done[r]["waiting"]
+        # scheduled after its prefetch: every claimed chunk in RAM
         assert admitted[r]["prefetch_done"] and admitted[r]["claimed_tiers"] == {"memory": n}
         (claim,) = [e for e in ev if e["event"] == "claim" and e["req"] == r]
         assert claim["claimed_tokens"] == n * 256 and claim["async_load"] is False
