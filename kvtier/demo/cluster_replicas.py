@@ -79,7 +79,8 @@ def replica_specs(config: str, n: int, model: Path, dtype: str, caps: Any, max_m
     ``overrides`` (a partial kvtier config, e.g. ``{"claims": {"policy": "always"}}``) merged into
     every kvtier replica's config."""
     from kvtier.config import deep_merge
-    from kvtier.server import ServerSpec, free_port
+    from kvtier.ports import free_port
+    from kvtier.server import ServerSpec
 
     if config not in CONFIGS:
         raise DemoError(f"unknown configuration {config!r} (one of: {', '.join(CONFIGS)})")

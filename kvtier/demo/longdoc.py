@@ -214,7 +214,8 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
         columns: Sequence[Column] = COLUMNS) -> dict[str, Any]:
     from kvtier.bench.ttft_engine import evict_page_cache
     from kvtier.config import deep_merge
-    from kvtier.server import ServerError, ServerSpec, VllmServer, free_port
+    from kvtier.ports import free_port
+    from kvtier.server import ServerError, ServerSpec, VllmServer
     from kvtier.workload.format import write_workload
     from kvtier.workload.longdoc import LongDocSpec, generate_longdoc
     from kvtier.workload.tokens import load_tokenizer

@@ -15,22 +15,11 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-HOST = "127.0.0.1"
+from kvtier.ports import HOST
 
 
 class ServiceMissing(RuntimeError):
     """A binary or library a test service needs is not installed (fixtures turn this into a failure)."""
-
-
-def free_port(avoid: set[int] | None = None) -> int:
-    """A TCP port on 127.0.0.1 that is free right now (bound once, then released)."""
-    for _ in range(200):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((HOST, 0))
-            port = s.getsockname()[1]
-        if avoid is None or port not in avoid:
-            return port
-    raise RuntimeError("no free port on 127.0.0.1")
 
 
 def venv_bin(name: str, hint: str) -> str:

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from kvtier.services._proc import HOST, ServiceMissing, free_port, port_open, spawn, stop_proc, wait_until
+from kvtier.ports import free_port
+from kvtier.services._proc import HOST, ServiceMissing, port_open, spawn, stop_proc, wait_until
 
 BALANCE_MODES = ("roundrobin", "sticky")
 CONVERSATION_HEADER = "X-Conversation-Id"

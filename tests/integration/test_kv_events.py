@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.driver_result import driver_result
-from kvtier.services._proc import HOST, free_port
+from kvtier.ports import HOST, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ from kvtier.config import MooncakeConfig
 from kvtier.metrics import Telemetry
 from kvtier.tiers.mooncake import MooncakeTier
 from kvtier.tiers.protocol import Deadline, Status
-from kvtier.services._proc import free_port
+from kvtier.ports import free_port
 from tests.services.chunks import NS, buffers, chain, items
 from tests.services.fixtures import mooncake, started  # noqa: F401
 from tests.services.mooncake import MooncakeCluster

@@ -12,7 +12,7 @@ from kvtier.config import ValkeyConfig
 from kvtier.metrics import Telemetry
 from kvtier.tiers.protocol import Deadline, Status
 from kvtier.tiers.valkey import ValkeyTier
-from kvtier.services._proc import free_port
+from kvtier.ports import free_port
 from tests.services.chunks import NS, buffers, chain, items
 from tests.services.fixtures import started, valkey_cluster, valkey_server, valkey_small_server  # noqa: F401
 from kvtier.services.valkey_server import ValkeyServer

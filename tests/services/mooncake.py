@@ -19,7 +19,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvtier.services._proc import (HOST, ServiceMissing, free_port, kill_proc, port_open, signal_proc, spawn,
+from kvtier.ports import free_port
+from kvtier.services._proc import (HOST, ServiceMissing, kill_proc, port_open, signal_proc, spawn,
                                   stop_proc, wait_until)
 
 _HINT = "pip install mooncake-transfer-engine-non-cuda (the `services` extra) and apt-get install libibverbs1"
@@ -52,12 +53,7 @@ class MooncakeCluster:
     def start(cls, tmp: Path, segment_bytes: int = 256 * 2**20, lease_ttl_ms: int = 2000,
               extra_master_args: tuple[str, ...] = (), timeout: float = 30.0) -> "MooncakeCluster":
         master_binary()
-        used: set[int] = set()
-        ports = []
-        for _ in range(3):
-            p = free_port(used)
-            used.add(p)
-            ports.append(p)
+        ports = [free_port() for _ in range(3)]
         root = Path(tmp) / f"mooncake-{ports[0]}"
         root.mkdir(parents=True, exist_ok=True)
         mc = cls(root=root, rpc_port=ports[0], http_port=ports[1], metrics_port=ports[2],

@@ -195,7 +195,7 @@ class FakeOpenAIServer:
 
     @classmethod
     def start(cls, behavior: FakeBehavior | None = None) -> "FakeOpenAIServer":
-        from kvtier.server import free_port
+        from kvtier.ports import free_port
         state = FakeState(behavior or FakeBehavior())
         port = free_port()
         config = uvicorn.Config(build_app(state), host="127.0.0.1", port=port, log_level="critical",

@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from kvtier.commands import bench_cmd
-from kvtier.server import free_port
+from kvtier.ports import free_port
 from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
 from tests.unit.test_bench_replay import make_workload
 from tests.unit.virtual_time import virtual_time  # noqa: F401

@@ -81,7 +81,7 @@ def test_server_errors_are_recorded_not_raised(user, kind):
 
 
 def test_unreachable_server_is_a_connect_error():
-    from kvtier.server import free_port
+    from kvtier.ports import free_port
     rec = send(f"http://127.0.0.1:{free_port()}", conv(), 0)
     assert rec.error_kind == "connect" and "cannot connect" in rec.error
 

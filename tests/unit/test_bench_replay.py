@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from kvtier.client.replay import ReplayError, ReplayOptions, read_records, run_replay
-from kvtier.server import free_port
+from kvtier.ports import free_port
 from kvtier.workload.format import Conversation, Turn, WorkloadHeader, write_workload
 from tests.unit.fake_openai_server import FakeBehavior, FakeOpenAIServer
 from tests.unit.virtual_time import virtual_time  # noqa: F401

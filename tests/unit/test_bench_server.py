@@ -97,6 +97,62 @@ def test_port_busy_is_a_clear_error(tmp_path):
             VllmServer.start(spec(port=port), tmp_path / "log", command=fake_cmd(), env=fake_env())
 
 
+def test_a_chosen_port_taken_before_the_launch_is_replaced(tmp_path, monkeypatch):
+    import kvtier.server as server_mod
+
+    with socket.socket() as held:                 # another process's server on the port chosen first
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        real = server_mod.free_port
+        chosen = iter([taken])
+        monkeypatch.setattr(server_mod, "free_port", lambda count=1: next(chosen, None) or real(count))
+        with VllmServer.start(spec(), tmp_path / "log", command=fake_cmd(), env=fake_env(),
+                              ready_timeout_s=90) as server:
+            assert server.port != taken and httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+# exits as a server does when its port was bound by another process after the check, the first time
+LOSES_ITS_PORT_ONCE = """
+import os, sys
+port, marker, fake = sys.argv[1:4]
+if not os.path.exists(marker):
+    open(marker, "w").close()
+    print("OSError: [Errno 98] Address already in use", flush=True)
+    sys.exit(1)
+os.execv(sys.executable, [sys.executable, fake, "--port", port])
+"""
+
+
+def test_a_server_that_loses_its_chosen_port_starts_again_on_another(tmp_path):
+    marker = tmp_path / "lost-once"
+    cmd = [sys.executable, "-c", LOSES_ITS_PORT_ONCE, "{port}", str(marker), FAKE]
+    with VllmServer.start(spec(), tmp_path / "log", command=cmd, env=fake_env(), ready_timeout_s=90) as server:
+        assert marker.exists() and httpx.get(f"{server.base_url}/health").status_code == 200
+
+
+def test_a_given_port_lost_at_startup_is_a_port_busy_error_without_retries(tmp_path):
+    from kvtier.ports import free_port
+    from kvtier.server import PortTaken
+
+    cmd = [sys.executable, "-c", "print('OSError: [Errno 98] Address already in use', flush=True); raise SystemExit(1)"]
+    port = free_port()
+    with pytest.raises(PortTaken, match=f"port busy: server 't' could not bind 127.0.0.1:{port}"):
+        VllmServer.start(spec(port=port), tmp_path / "log", command=cmd, ready_timeout_s=60)
+
+
+def test_ports_lost_every_time_give_up_after_the_tries(tmp_path, monkeypatch):
+    import kvtier.server as server_mod
+
+    launched = []
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: launched.append(a[0]) or real_popen(*a, **kw))
+    cmd = [sys.executable, "-c", "print('OSError: [Errno 98] Address already in use', flush=True); raise SystemExit(1)"]
+    with pytest.raises(server_mod.PortTaken, match="port busy"):
+        VllmServer.start(spec(), tmp_path / "log", command=cmd, ready_timeout_s=60)
+    assert len(launched) == server_mod.PORT_TRIES
+
+
 def test_process_dying_at_startup_fails_fast_with_log_tail(tmp_path):
     t0 = time.monotonic()
     cmd = [sys.executable, "-c", "import sys; print('model weights missing: boom', flush=True); sys.exit(3)"]
@@ -231,7 +287,7 @@ def test_secrets_of_a_kvtier_server_travel_in_its_environment_never_its_argv(mon
 
 
 def test_free_ports_are_below_the_ephemeral_range_free_and_never_handed_out_twice():
-    from kvtier.server import ephemeral_range, free_port, port_is_free
+    from kvtier.ports import ephemeral_range, free_port, port_is_free
 
     lo, _ = ephemeral_range()
     seen: set[int] = set()

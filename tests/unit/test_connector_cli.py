@@ -57,7 +57,7 @@ def test_stats_needs_a_source(tmp_path):
 
 def test_stats_from_url(tmp_path):
     from kvtier.integrations.vllm.metrics import serve
-    from kvtier.server import free_port
+    from kvtier.ports import free_port
 
     port = free_port()
     assert serve(port)
@@ -138,7 +138,7 @@ class _Text:
 
 
 def _port_pair() -> int:
-    from kvtier.server import free_port
+    from kvtier.ports import free_port
 
     return free_port(2)
 

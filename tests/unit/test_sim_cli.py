@@ -120,7 +120,7 @@ def test_calibrate_against_a_fake_server_writes_a_loadable_profile(tmp_path, vir
 
 
 def test_calibrate_unreachable_server_is_one_line(tmp_path) -> None:
-    from kvtier.server import free_port
+    from kvtier.ports import free_port
     r = runner.invoke(app, ["calibrate", "--base-url", f"http://127.0.0.1:{free_port()}", "--out",
                             str(tmp_path / "p.yaml"), "--request-timeout", "5"])
     assert r.exit_code == 2 and "cannot reach" in r.output and len(r.output.strip().splitlines()) == 1
