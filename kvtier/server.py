@@ -265,16 +265,15 @@ class VllmServer:
                 announce(server_dtype(spec))
             except DtypeError as e:
                 raise ServerError(f"server {spec.name!r}: {e}") from None
-        tries = 1 if spec.port is not None else PORT_TRIES
-        for attempt in range(1, tries + 1):
-            port = spec.port if spec.port is not None else free_port()
-            try:
-                return cls._launch(spec, port, Path(log_path), ready_timeout_s, command, env)
-            except PortTaken as e:
-                if attempt == tries:
-                    raise
-                log.warning("kvtier: %s; trying another port", e)
-        raise AssertionError("unreachable")
+        log_path = Path(log_path)
+        if spec.port is None:                  # a chosen port: the last launch's PortTaken is raised
+            for _ in range(PORT_TRIES - 1):
+                try:
+                    return cls._launch(spec, free_port(), log_path, ready_timeout_s, command, env)
+                except PortTaken as e:
+                    log.warning("kvtier: %s; trying another port", e)
+        port = spec.port if spec.port is not None else free_port()
+        return cls._launch(spec, port, log_path, ready_timeout_s, command, env)
 
     @classmethod
     def _launch(cls, spec: ServerSpec, port: int, log_path: Path, ready_timeout_s: float,

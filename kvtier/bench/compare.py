@@ -195,13 +195,13 @@ def _with_metrics_port(spec: ServerSpec) -> ServerSpec:
     counters live in the engine processes, never in the API server's ``/metrics``."""
     if spec.kvtier_config is None or (spec.kvtier_config.get("metrics") or {}).get("port"):
         return spec
-    from kvtier.ports import free_port, port_is_free
+    from kvtier.ports import free_port
 
-    for _ in range(50):
-        port = free_port()
-        if port < 65535 and port_is_free(port + 1):
-            return replace(spec, kvtier_config=deep_merge(spec.kvtier_config, {"metrics": {"port": port}}))
-    return spec
+    try:
+        port = free_port(2)
+    except OSError:
+        return spec
+    return replace(spec, kvtier_config=deep_merge(spec.kvtier_config, {"metrics": {"port": port}}))
 
 
 def _extra_metrics(spec: ServerSpec) -> tuple[str, ...]:

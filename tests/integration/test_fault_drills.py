@@ -53,10 +53,10 @@ def _cores() -> list[str | None]:
 
 
 def _cfg(disk: Path, stats: Path, log: Path | None = None, *, capacity: str = "4GiB", ram: bool = False,
-         writer_threads: int = 2, **extra) -> str:
+         writer_threads: int | None = None, **extra) -> str:
     c = {"store": {"chunk_size": CHUNK, "memory": {"enabled": ram, "capacity": "256MiB"},
                    "disk": {"enabled": True, "path": str(disk), "capacity": capacity, "fsync": "file",
-                            "writer_threads": writer_threads}},
+                            **({"writer_threads": writer_threads} if writer_threads is not None else {})}},
          "connector": {"stats_dir": str(stats), "stats_interval_s": 1.0,
                        **({"request_log": str(log)} if log is not None else {})}}
     for k, v in extra.items():

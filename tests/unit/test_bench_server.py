@@ -124,6 +124,10 @@ os.execv(sys.executable, [sys.executable, fake, "--port", port])
 """
 
 
+# exits as a server does when its port is always taken
+ALWAYS_LOSES_ITS_PORT = "print('OSError: [Errno 98] Address already in use', flush=True); raise SystemExit(1)"
+
+
 def test_a_server_that_loses_its_chosen_port_starts_again_on_another(tmp_path):
     marker = tmp_path / "lost-once"
     cmd = [sys.executable, "-c", LOSES_ITS_PORT_ONCE, "{port}", str(marker), FAKE]
@@ -135,7 +139,7 @@ def test_a_given_port_lost_at_startup_is_a_port_busy_error_without_retries(tmp_p
     from kvtier.ports import free_port
     from kvtier.server import PortTaken
 
-    cmd = [sys.executable, "-c", "print('OSError: [Errno 98] Address already in use', flush=True); raise SystemExit(1)"]
+    cmd = [sys.executable, "-c", ALWAYS_LOSES_ITS_PORT]
     port = free_port()
     with pytest.raises(PortTaken, match=f"port busy: server 't' could not bind 127.0.0.1:{port}"):
         VllmServer.start(spec(port=port), tmp_path / "log", command=cmd, ready_timeout_s=60)
@@ -147,7 +151,7 @@ def test_ports_lost_every_time_give_up_after_the_tries(tmp_path, monkeypatch):
     launched = []
     real_popen = subprocess.Popen
     monkeypatch.setattr(subprocess, "Popen", lambda *a, **kw: launched.append(a[0]) or real_popen(*a, **kw))
-    cmd = [sys.executable, "-c", "print('OSError: [Errno 98] Address already in use', flush=True); raise SystemExit(1)"]
+    cmd = [sys.executable, "-c", ALWAYS_LOSES_ITS_PORT]
     with pytest.raises(server_mod.PortTaken, match="port busy"):
         VllmServer.start(spec(), tmp_path / "log", command=cmd, ready_timeout_s=60)
     assert len(launched) == server_mod.PORT_TRIES
