@@ -269,6 +269,11 @@ class ConnectorConfig(_Section):
         default="whole", description="synchronous (local-tier) loads: whole = every claimed chunk copied into "
         "vLLM's blocks before the forward pass; layerwise = read in the background while the forward pass "
         "runs, each attention layer waiting only for its own blocks (wait_for_layer_load)")
+    on_unsupported: Literal["fail", "serve-without-cache"] = Field(
+        default="fail", description="an engine kvtier cannot serve (a KV layout that is not block-compact, "
+        "kernel block splitting, several KV-cache groups, an unknown device): fail = the engine does not start, "
+        "with one error naming the model and what to do; serve-without-cache = it starts without kvtier (logged, "
+        "counted as a layout error, nothing claimed)")
     save: bool = Field(default=True, description="save newly computed full chunks")
     save_generated: bool = Field(
         default=True, description="also save the full chunks that cover generated tokens (as decode fills "

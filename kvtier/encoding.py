@@ -16,7 +16,7 @@ Codecs:
   data is the (shuffled) payload stored as is: a payload zstd cannot shrink is never stored larger
   than plain plus the frame header.
 * ``int8`` (2), lossy — symmetric 8-bit quantization per channel. A payload of shape
-  ``[..., T, C]`` (the chunk layouts of ``kvtier.integrations.vllm.layouts``: ``T`` the tokens of
+  ``[..., T, C]`` (the chunk payloads of ``kvtier.transfer.page_layout``: ``T`` the tokens of
   one block, ``C`` the channels, for the CPU layout K's ``head_size`` channels followed by V's) is
   viewed as ``[G, T, C]``; every (group, channel) gets ``scale = max|x| / 127`` over its ``T``
   tokens and ``q = round(x / scale)``. Data: ``u32 G, u32 T, u32 C`` | float32 scales ``[G, C]`` |

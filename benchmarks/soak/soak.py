@@ -227,7 +227,7 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     from kvtier.demo.common import DEMO_CHUNK_TOKENS
     from kvtier.server import ServerSpec, VllmServer
     from kvtier.config import KvtierConfig
-    from kvtier.integrations.vllm.worker_side import PREFETCH_DEPTH
+    from kvtier.integrations.vllm.worker_side import PREFETCH_DEPTH, SAVE_BUFFERS
     from kvtier.workload.format import write_workload
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -240,7 +240,7 @@ def _soak(args: argparse.Namespace, out: Path, scratch: Path) -> int:
     chunk_bytes = b.bytes(DEMO_CHUNK_TOKENS)
     staging_size = -(-chunk_bytes // 4096) * 4096
     queue_depth = KvtierConfig().store.disk.queue_depth        # the soak's config leaves it at its default
-    verdict_budgets = SoakBudgets(ssd_bytes=ssd, ram_bytes=ram, fixed_staging_bytes=(PREFETCH_DEPTH + 2) * chunk_bytes,
+    verdict_budgets = SoakBudgets(ssd_bytes=ssd, ram_bytes=ram, fixed_staging_bytes=(PREFETCH_DEPTH + 1 + SAVE_BUFFERS) * chunk_bytes,
                                   chunk_bytes=staging_size, staging_max_buffers=queue_depth, kvtier=not args.vanilla)
     spec = ServerSpec(name="vanilla" if args.vanilla else "kvtier-ram-ssd", model=str(facts.path),
                       max_model_len=p["max_model_len"],

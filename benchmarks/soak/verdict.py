@@ -12,7 +12,7 @@ The rules (docs/results.md#soak and benchmarks/soak/README.md give the reasons):
   minute m (past the end of that run: its largest RSS over the run). Without a reference it is the
   process's own first sample, which assumes vLLM itself does not grow (it does, see docs/results.md).
   ``kvtier(m)``, the vLLM worker only (kvtier's RAM tier and buffers live there): the RAM tier's
-  budget + the connector's own buffers (``fixed_staging_bytes``: one save staging chunk and the load
+  budget + the connector's own buffers (``fixed_staging_bytes``: the save lane's host buffers and the load
   buffers) + the disk writer's staging buffers mapped at that sample (one chunk each; their count
   must also stay <= ``staging_max_buffers``, the write queue's depth). Other processes: 0.
   ``margin``: ``margin_bytes`` (default 128 MiB: kvtier's code and Python objects, allocator slack).

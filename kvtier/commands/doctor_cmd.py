@@ -7,6 +7,8 @@ subprocess, prefix caching off, 1 output token) with the chosen dtype, and that 
 continuation of the bundled model's check answer ("The capital of France is" -> Paris; a wrong fact
 is a problem). A forced dtype this CPU
 only emulates is a warning (exit 0); a missing piece is a ``problem:`` line and exit 1.
+``--gpu`` runs only the GPU check of kvtier's KV block copies instead (``kvtier.transfer.gpu_check``: torch
+only, no vLLM; exit 2 without a CUDA device).
 """
 
 from __future__ import annotations
@@ -93,8 +95,14 @@ def doctor(
     load: bool = typer.Option(True, "--load/--no-load",
                               help="Also load the model with transformers and measure the prefill rate."),
     dtype: str = dtype_option(),
+    gpu: bool = typer.Option(False, "--gpu", help="Only check kvtier's KV block copies on a CUDA GPU (no vLLM "
+                                                  "needed): bit-exact round trips, stream ordering, syncs, rates."),
 ) -> None:
     """Check the installation, the CPU and the dtype it computes fast; measure prefill (unless --no-load)."""
+    if gpu:
+        from kvtier.transfer.gpu_check import main as gpu_check
+
+        raise typer.Exit(gpu_check([]))
     run_doctor(load, resolve_cli_dtype(dtype, say=False), cpu_facts(), probe)
 
 

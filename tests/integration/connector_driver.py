@@ -22,7 +22,7 @@ ROLE is one of
              recomputed; and a first chunk corrupted: nothing loads), then the peer exchange
 
 Every engine runs in THIS process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that the test-only
-misplace hook — a wrapper around ``KVLayout.scatter`` installed here, never in kvtier itself —
+misplace hook — a wrapper around ``BlockCopier.scatter`` installed here, never in kvtier itself —
 runs in the engine's worker. Armed, it lets one chunk load normally and then writes that chunk's
 SECOND block over its FIRST block as well (a block loaded at the wrong position). A mere
 permutation of loaded blocks would not do: the keys already carry their rotary positions and
@@ -98,18 +98,19 @@ REFERENCE = ("doc_a", "long", "sys_q1", "sys_q2", "miss_1", "miss_2", "turn2", "
 
 # -- the misplace hook (test only) --------------------------------------------------------------
 def install_misplace_hook() -> None:
-    from kvtier.integrations.vllm.layouts import KVLayout
+    from kvtier.transfer.blocks import BlockCopier
 
-    original = KVLayout.scatter
+    original = BlockCopier.scatter
 
-    def scatter(self, layers, block_ids, payload, first_block=0):
-        original(self, layers, block_ids, payload, first_block)
+    def scatter(self, block_ids, first_block, buf, layers=None):
+        event = original(self, block_ids, first_block, buf, layers)
         if MISPLACE["armed"] and len(block_ids) >= 2:
             MISPLACE["armed"] = False
-            original(self, layers, [block_ids[0]], payload, first_block + 1)   # block 1's KV into block 0
+            event = original(self, [block_ids[0]], first_block + 1, buf, layers)   # block 1's KV into block 0
             MISPLACE["fired"].append([int(b) for b in block_ids])
+        return event
 
-    KVLayout.scatter = scatter
+    BlockCopier.scatter = scatter
 
 
 # -- running phases ---------------------------------------------------------------------------

@@ -8,7 +8,7 @@ Phases, each after ``reset_prefix_cache()`` (so a hit cannot be vLLM's own):
   hit          an SSD hit of ``doc`` (3 chunks), layer by layer
   corrupt      ``fail_doc``'s middle chunk file corrupted: chunk 0 loads, the rest is recomputed
   copy_fail    ``copy_doc``'s load breaks at layer ``COPY_FAIL_LAYER`` of 30, mid forward pass (a
-               test-only wrapper around ``KVLayout.scatter`` installed here): the layers before it
+               test-only wrapper around ``BlockCopier.scatter`` installed here): the layers before it
                were loaded and used, then the request is reported failed and recomputed
   rehit        ``doc`` again: the path is still on after a failure
 Every engine component runs in THIS process (VLLM_ENABLE_V1_MULTIPROCESSING=0) so the hooks reach
@@ -38,19 +38,19 @@ WAITS = {"calls": 0, "blocked": 0}
 
 def install_hooks() -> None:
     from kvtier.integrations.vllm.layer_loads import LayerLoader
-    from kvtier.integrations.vllm.layouts import KVLayout
+    from kvtier.transfer.blocks import BlockCopier
 
-    scatter = KVLayout.scatter
+    scatter = BlockCopier.scatter
 
-    def failing_scatter(self, layers, block_ids, payload, first_block=0):
-        if HOOK["fail_after"] is not None and len(layers) == 1:   # a per-layer copy
+    def failing_scatter(self, block_ids, first_block, buf, layers=None):
+        if HOOK["fail_after"] is not None and layers is not None and len(layers) == 1:   # a per-layer copy
             HOOK["calls"] += 1
             if HOOK["calls"] > HOOK["fail_after"]:
                 HOOK["fail_after"], HOOK["fired"] = None, HOOK["fired"] + 1
                 raise RuntimeError("injected copy failure")
-        scatter(self, layers, block_ids, payload, first_block)
+        return scatter(self, block_ids, first_block, buf, layers)
 
-    KVLayout.scatter = failing_scatter
+    BlockCopier.scatter = failing_scatter
     wait = LayerLoader.wait_layer
 
     def counted_wait(self, layer):

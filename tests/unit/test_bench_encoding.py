@@ -20,7 +20,7 @@ from kvtier.tiers.disk import DiskTier
 pytest.importorskip("zstandard")
 
 SHAPE = (2, 1, 1, 16, 32)            # [layers, blocks, kv_heads, block tokens, K and V channels]
-NS = Namespace("m", "f", "float32", "cpu_lbhnc", 16, 16)
+NS = Namespace("m", "f", "float32", "lbhnc", 16, 16)
 
 
 def _gen(tokens: list[int], lps: list[float]) -> Generation:

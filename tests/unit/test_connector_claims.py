@@ -187,10 +187,10 @@ def test_worker_times_forward_passes_and_local_reads(tmp_path: Path) -> None:
         w.forward_done()
         w.forward_done()                                       # the first end counts
         keys = chunk_keys(NS, tokens)
+        buf = w._copiers["load"].new_buffer()
         for i, k in enumerate(keys[:2]):
-            assert st.put(k, keys[i - 1] if i else None, w._staging_bytes(), num_tokens=CHUNK,
+            assert st.put(k, keys[i - 1] if i else None, buf.bytes(), num_tokens=CHUNK,
                           shape=tuple(w.shape), dtype=w.dtype_name)
-        buf = torch.empty_like(w._staging)
         assert w._read_chunk(bytes(keys[0]), buf) == (True, None)
         wm = w.take_worker_meta()
         tokens_, span, seconds = wm.forward

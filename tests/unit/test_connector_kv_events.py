@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from kvtier.integrations.vllm.kv_events import KvEvents, chunk_blocks, ChunkHashMap, MEDIUM
-from kvtier.integrations.vllm.layouts import CPU_LBHNC
+from kvtier.transfer.page_layout import LBHNC
 from kvtier.integrations.vllm.metadata import KvtierWorkerMetadata, TierChange
 from kvtier.integrations.vllm.reports import TierReports
 from kvtier.integrations.vllm.scheduler_side import SchedulerSide
@@ -22,7 +22,7 @@ from kvtier.store_events import StoreEvent
 
 BLOCK, CHUNK = 16, 64            # four vLLM blocks per kvtier chunk
 BPC = CHUNK // BLOCK
-NS = Namespace(model="m", model_fingerprint="f", dtype="float32", layout="cpu_lbhnc", block_size=BLOCK,
+NS = Namespace(model="m", model_fingerprint="f", dtype="float32", layout="lbhnc", block_size=BLOCK,
                chunk_size=CHUNK)
 
 
@@ -258,7 +258,7 @@ def _run_saved_request(hash_fn, store, tokens, shared=False):
     s.after_alloc(req, s.num_new_matched_tokens(req, 0))
     meta = s.build_meta(SimpleNamespace(num_scheduled_tokens={"r": len(tokens)}))
     kv = {f"model.layers.{i}.self_attn.attn": torch.randn(40, 2, BLOCK, 16) for i in range(2)}
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0, kv_events=True)
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0, kv_events=True)
     w.register(kv)
     assert w.disabled is None
     w.save(meta)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from kvtier.config import StoreConfig
-from kvtier.integrations.vllm.layouts import CPU_LBHNC
+from kvtier.transfer.page_layout import LBHNC
 from kvtier.integrations.vllm.worker_side import WorkerSide
 from kvtier.keys import chunk_keys
 from kvtier.store import TieredStore
@@ -24,7 +24,7 @@ def _cfg(tmp: Path, **kw) -> StoreConfig:
 
 
 def _worker(store, kv, promote="background"):
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=10, promote=promote,
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=10, promote=promote,
                    promote_min_hits=2)
     w.register(kv)
     assert w.disabled is None

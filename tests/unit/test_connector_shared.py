@@ -20,7 +20,7 @@ from kvtier.store import TieredStore
 from kvtier.tiers.guard import GuardedTier
 from kvtier.tiers.registry import open_tiers
 from tests.unit.fake_tiers import DictSharedTier
-from tests.unit.test_connector_sides import BLOCK, CHUNK, CPU_LBHNC, NS, FakeRequest, Tables, _kv, _prompt
+from tests.unit.test_connector_sides import BLOCK, CHUNK, LBHNC, NS, FakeRequest, Tables, _kv, _prompt
 
 
 def wait_for(cond, timeout: float = 10.0) -> bool:
@@ -50,7 +50,7 @@ def _sched(store, timeout: float = 30):
 
 
 def _worker(store, kv, timeout: float = 5.0) -> WorkerSide:
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=timeout)
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=timeout)
     w.register(kv)
     assert w.disabled is None
     return w
@@ -182,7 +182,7 @@ def test_worker_reports_ram_evictions_and_always_reports_under_tp(tmp_path: Path
     cfg = StoreConfig.model_validate({"chunk_size": CHUNK, "memory": {"capacity": 3 * 2 * 3 * 2 * 128 * 16 * 4}})
     kv = _kv(seed=10)
     with TieredStore.open(cfg, NS) as store:
-        w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5, always_report=True)
+        w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5, always_report=True)
         w.register(kv)
         assert w.take_worker_meta() is not None           # TP>1: a report every step, even empty
         s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1)

@@ -8,15 +8,21 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kvtier.integrations.vllm.layouts import CPU_LBHNC
-from kvtier.integrations.vllm.metadata import KvtierWorkerMetadata, LoadOutcome
+from kvtier.integrations.vllm.metadata import (
+    KvtierConnectorMetadata,
+    KvtierWorkerMetadata,
+    LoadChunk,
+    LoadOutcome,
+    LoadPlan,
+)
 from kvtier.integrations.vllm.namespace import NamespaceError, check_chunk_size
 from kvtier.integrations.vllm.scheduler_side import SchedulerSide, request_extra
-from kvtier.integrations.vllm.worker_side import WorkerSide
+from kvtier.integrations.vllm.worker_side import UnsupportedEngine, WorkerSide
 from kvtier.keys import Namespace, chunk_keys
+from kvtier.transfer.page_layout import LBHNC
 
 BLOCK, CHUNK = 128, 256
-NS = Namespace(model="m", model_fingerprint="f", dtype="float32", layout="cpu_lbhnc", block_size=BLOCK,
+NS = Namespace(model="m", model_fingerprint="f", dtype="float32", layout="lbhnc", block_size=BLOCK,
                chunk_size=CHUNK)
 
 
@@ -299,7 +305,7 @@ def _kv(num_blocks=16, layers=3, heads=2, head=8, seed=0):
 
 
 def _worker(store, kv):
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0)
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0)
     w.register(kv)
     assert w.disabled is None
     return w
@@ -366,11 +372,29 @@ def test_worker_failed_chunk_reports_blocks_and_skips_saves():
     w2.end_step()
 
 
-def test_worker_refuses_mismatched_layout():
+def test_worker_refuses_an_engine_it_cannot_serve_at_start():
     store = FakeStore()
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0)
-    w.register({"l0": torch.zeros(2, 4, 16, 3, 8)})
-    assert w.disabled is not None
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0, engine="model m")
+    with pytest.raises(UnsupportedEngine, match=r"\(model m\): KV layer l0: expected vLLM's 4-d view.*"
+                                                 r"on_unsupported: serve-without-cache"):
+        w.register({"l0": torch.zeros(2, 4, 16, 3, 8)})
+    token_major = torch.zeros(4, BLOCK, 3, 16).transpose(1, 2)     # an LBNHC view: not the namespace's lbhnc
+    with pytest.raises(UnsupportedEngine, match="laid out lbnhc, the cache namespace expects lbhnc"):
+        w.register({"l0": token_major})
+
+
+def test_worker_serving_without_cache_tells_the_scheduler_once():
+    store = FakeStore()
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=5.0,
+                   on_unsupported="serve-without-cache")
+    w.register({"l0": torch.zeros(4, 3, 2 * BLOCK, 16)})            # kernel block splitting
+    assert w.disabled is not None and "block size" in w.disabled
+    first = w.take_worker_meta()
+    assert first is not None and "block size" in first.disabled
+    assert w.take_worker_meta() is None
+    plan = LoadPlan("r", 0, CHUNK, [LoadChunk(b"k" * 16, (0, 1))])
+    w.load(KvtierConnectorMetadata(loads=[plan]))                  # a plan made before: recomputed, nothing copied
+    assert w.take_load_errors() == {0, 1}
 
 
 class SlowStore(FakeStore):
@@ -432,7 +456,7 @@ def test_worker_load_deadline_turns_slow_reads_into_errors():
     store = SlowStore(chunk_keys(NS, tokens)[1])
     _saved_store(store, tokens, kv)
     # 3 s: chunk 0's read (on a pool thread) must make it in time on a niced run beside busy cores
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=3.0)
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=3.0)
     w.register({k: torch.zeros_like(v) for k, v in kv.items()})
     s, tables = _sched(store)
     req = FakeRequest("b", tokens)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtier.integrations.vllm.layer_loads import LayerLoader
-from kvtier.integrations.vllm.layouts import CPU_LBHNC
+from kvtier.transfer.page_layout import LBHNC
 from kvtier.integrations.vllm.metadata import LoadChunk, LoadPlan
 from kvtier.integrations.vllm.sync_loads import SyncLoader
 from kvtier.integrations.vllm.worker_side import WorkerSide
@@ -189,14 +189,14 @@ def test_worker_layerwise_load_is_exact_and_failures_are_reported(fail_chunk):
     s, tables = _sched(store)
     req = FakeRequest("a", tokens)
     _admit(s, tables, req)
-    w = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=WBLOCK, load_timeout_s=5.0)
+    w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=WBLOCK, load_timeout_s=5.0)
     w.register(src)
     w.save(_step(s, tables, req, 1100))
     w.end_step()
     if fail_chunk is not None:
         store.fail_gets.add(chunk_keys(NS, tokens)[fail_chunk])
     dst = {k: torch.zeros_like(v) for k, v in src.items()}
-    w2 = WorkerSide(store, CPU_LBHNC, chunk_size=CHUNK, block_size=WBLOCK, load_timeout_s=5.0, layerwise=True)
+    w2 = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=WBLOCK, load_timeout_s=5.0, layerwise=True)
     w2.register(dst)
     s2, tables2 = _sched(store)
     req2 = FakeRequest("b", tokens)

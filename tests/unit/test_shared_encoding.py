@@ -23,7 +23,7 @@ from kvtier.tiers.sharedfs import SharedFsTier
 
 pytest.importorskip("zstandard")
 
-NS = Namespace("m", "f", "float32", "cpu_lbhnc", 4, 8)
+NS = Namespace("m", "f", "float32", "lbhnc", 4, 8)
 SHAPE = (3, 2, 2, 4, 16)                 # [layers, blocks, kv_heads, block tokens, 2*head_size]
 
 

@@ -19,6 +19,13 @@ dropped and the next plan gets fresh buffers. ``take_done()`` hands back finishe
 worker reports their request ids in ``get_finished`` (``finished_recving``) and their failed block ids in
 ``get_block_ids_with_load_errors`` in the **same** step, as vLLM requires.
 
+Ordering on a device (``kvtier.transfer.streams``, the ``ordering`` given: the worker's background
+lane): ``submit`` (the engine's thread) marks the compute stream's state, and the plan's first block
+copy waits for that mark (the blocks were allocated, and may be zeroed, on the compute stream); the
+plan's copies end with an event on the transfer stream, and ``take_done`` hands a plan back only once
+that event has completed, so vLLM never schedules the request while its blocks are still being written.
+The reader threads claim a ring buffer (wait for its last copy) before reading into it.
+
 ``wait_done(timeout)`` blocks (GIL released) until a plan has finished or ``timeout`` passed:
 the worker calls it in a step that scheduled no tokens (see ``WorkerSide.get_finished``), so an
 engine with nothing to run but requests waiting for their KV no longer spins its Python loop
@@ -42,6 +49,7 @@ from typing import Any, Callable
 
 from kvtier.integrations.vllm.metadata import LoadOutcome, LoadPlan
 from kvtier.tiers.guard import DaemonPool
+from kvtier.transfer.streams import NoOrdering, Ordering
 
 log = logging.getLogger("kvtier.connector")
 
@@ -65,19 +73,26 @@ class DoneLoad:
     missing: list[bytes] = field(default_factory=list)
     loaded: list[bytes] = field(default_factory=list)
     seconds: float = 0.0
+    event: Any = None          # after the plan's block copies (None: nothing in flight)
+
+    def landed(self) -> bool:
+        """Every block copy of the plan has completed."""
+        return self.event is None or self.event.query()
 
 
 class AsyncLoader:
     def __init__(self, read: ReadFn, scatter: ScatterFn, new_buffer: BufferFn, *, block_size: int,
-                 load_timeout_s: float, depth: int = 2, promote: PromoteFn | None = None) -> None:
+                 load_timeout_s: float, depth: int = 2, promote: PromoteFn | None = None,
+                 ordering: Ordering | None = None) -> None:
         self._read = read
+        self._ordering = ordering if ordering is not None else NoOrdering()
         self._scatter = scatter
         self._promote = promote
         self._new_buffer = new_buffer
         self._block_size = block_size
         self._timeout = load_timeout_s
         self.depth = max(1, depth)
-        self._q: queue.SimpleQueue[tuple[LoadPlan, float] | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[tuple[LoadPlan, float, Any] | None] = queue.SimpleQueue()
         self._done: list[DoneLoad] = []
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -90,7 +105,9 @@ class AsyncLoader:
         self.rings_dropped = 0                # rings given up after a failed read (lent buffers)
 
     def submit(self, plan: LoadPlan) -> None:
-        """Queue ``plan``; its deadline starts now."""
+        """(engine thread) Queue ``plan``; its deadline starts now, its copies wait for the compute stream's
+        work queued so far."""
+        mark = self._ordering.compute_mark()
         with self._lock:
             if self._closed:
                 raise RuntimeError("async loader is closed")
@@ -98,15 +115,19 @@ class AsyncLoader:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="kvtier-async-load", daemon=True)
                 self._thread.start()
-        self._q.put((plan, time.monotonic() + self._timeout))
+        self._q.put((plan, time.monotonic() + self._timeout, mark))
 
     def inflight(self) -> set[str]:
         with self._lock:
             return set(self._inflight)
 
     def take_done(self) -> list[DoneLoad]:
+        """Finished plans whose block copies have landed (the others stay until theirs have)."""
         with self._lock:
-            done, self._done = self._done, []
+            done, waiting = [], []
+            for d in self._done:
+                (done if d.landed() else waiting).append(d)
+            self._done = waiting
             for d in done:
                 self._inflight.discard(d.req_id)
             return done
@@ -135,10 +156,10 @@ class AsyncLoader:
                 if self._pool is not None:
                     self._pool.shutdown(self.depth)
                 return
-            plan, deadline = job
+            plan, deadline, mark = job
             t0 = time.perf_counter()
             try:
-                done = self._load(plan, deadline)
+                done = self._load(plan, deadline, mark)
             except Exception as e:   # never let the thread die: the whole plan is a load error
                 log.exception("kvtier: async load of %s failed", plan.req_id)
                 self._abandon()
@@ -146,6 +167,10 @@ class AsyncLoader:
                 for ch in plan.chunks:
                     done.error_blocks.update(ch.block_ids)
                     done.outcome.failed_tokens += len(ch.block_ids) * self._block_size
+                try:    # copies it issued before failing must land before vLLM recomputes into the blocks
+                    done.event = self._ordering.record()
+                except Exception:
+                    log.exception("kvtier: recording the end of a failed async load failed")
             done.seconds = time.perf_counter() - t0
             with self._cond:
                 self._done.append(done)
@@ -166,7 +191,7 @@ class AsyncLoader:
             self._pool.shutdown(self.depth)     # its threads exit once their reads return
             self._pool = None
 
-    def _load(self, plan: LoadPlan, deadline: float) -> DoneLoad:
+    def _load(self, plan: LoadPlan, deadline: float, mark: Any) -> DoneLoad:
         done = DoneLoad(plan.req_id, LoadOutcome())
         chunks = plan.chunks
         bufs, pool = self._ring()
@@ -195,6 +220,8 @@ class AsyncLoader:
                 log.warning("kvtier: async load of chunk %d for %s failed (%s); vLLM will recompute",
                             i, plan.req_id, err)
                 break
+            if i == 0:
+                self._ordering.follow(mark)     # after the compute stream's allocation (and zeroing)
             self._scatter(ch.block_ids, ch.first_block, bufs[i % nbuf])
             done.outcome.loaded_tokens += len(ch.block_ids) * self._block_size
             done.loaded.append(ch.key)
@@ -203,6 +230,8 @@ class AsyncLoader:
                     self._promote(meta, bufs[i % nbuf])
                 except Exception as e:   # promotion is an optimisation: never fail a load for it
                     log.warning("kvtier: promoting a shared-tier chunk failed: %s", e)
+        if done.loaded:
+            done.event = self._ordering.record()
         running = [f for f in futures.values() if not f.cancel()]   # not started yet: skipped
         if any(not f.done() for f in running):
             self._abandon()

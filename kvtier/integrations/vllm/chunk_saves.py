@@ -1,7 +1,9 @@
 """The worker's save path: fully computed chunks out of vLLM's paged KV blocks into the store.
 
 Contract:
-- ``save`` (from ``wait_for_save``) gathers each planned chunk into the staging buffer and hands
+- ``save`` (from ``wait_for_save``) gathers each planned chunk into a host buffer of the save lane
+  (``kvtier.transfer.blocks.BlockCopier``: after the compute stream's work so far, since the forward
+  pass wrote those blocks; on a device the next chunk's gather runs while this one is put) and hands
   it to ``store.put``, which copies it before returning and writes the tiers in the background.
   Chunks of requests whose load failed in this step are skipped (their freshly computed KV would
   rest on the failed blocks). A ``put`` that raises is a failed save, logged and counted.
@@ -19,15 +21,14 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from kvtier.integrations.vllm.layouts import KVLayout
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, SaveOutcome
 from kvtier.integrations.vllm.reports import TierReports
+from kvtier.transfer.blocks import BlockCopier
+from kvtier.transfer.host_buffers import HostBuffer
 
 if TYPE_CHECKING:
-    import torch
-
     from kvtier.integrations.vllm.metrics import ConnectorMetrics
 
 log = logging.getLogger("kvtier.connector")
@@ -42,11 +43,10 @@ class PutStore(Protocol):
 
 @dataclass(frozen=True)
 class SaveTarget:
-    """vLLM's registered KV layers and the staging buffer (its bytes) a chunk is gathered into."""
+    """The save lane over vLLM's registered KV layers and its host buffers (used in turn)."""
 
-    layers: "list[torch.Tensor]"
-    staging: "torch.Tensor"
-    staging_bytes: Callable[[], memoryview]
+    copier: BlockCopier
+    buffers: list[HostBuffer]
     shape: tuple[int, ...]
     dtype_name: str
     chunk_nbytes: int
@@ -55,10 +55,9 @@ class SaveTarget:
 class ChunkSaves:
     """Saves of one worker, their outcomes per request and the requests released."""
 
-    def __init__(self, store: PutStore, layout: KVLayout, reports: TierReports, *, chunk_size: int,
+    def __init__(self, store: PutStore, reports: TierReports, *, chunk_size: int,
                  shared_writes: bool, metrics: "ConnectorMetrics | None") -> None:
         self.store = store
-        self.layout = layout
         self.reports = reports
         self.chunk_size = chunk_size
         self.shared_writes = shared_writes
@@ -75,16 +74,33 @@ class ChunkSaves:
             self._released.update(meta.releases)
 
     def _save(self, meta: KvtierConnectorMetadata, target: SaveTarget, skip: set[str]) -> None:
-        for ch in meta.saves:
-            if ch.req_id in skip:
-                continue
-            t0 = time.perf_counter()
+        chunks = [ch for ch in meta.saves if ch.req_id not in skip]
+        if not chunks:
+            return
+        copier, bufs = target.copier, target.buffers
+        started: dict[int, float] = {}
+        gathered: dict[int, Exception | None] = {}
+
+        def gather(j: int) -> None:     # chunk j's pages into its buffer, once the buffer's last copy ended
+            if j < len(chunks):
+                started[j] = time.perf_counter()
+                try:
+                    copier.gather(chunks[j].block_ids, bufs[j % len(bufs)].claim())
+                    gathered[j] = None
+                except Exception as e:
+                    gathered[j] = e
+
+        copier.follow_compute()         # the forward pass wrote these blocks on the compute stream
+        gather(0)
+        for j, ch in enumerate(chunks):
+            gather(j + 1)               # runs on the device while chunk j is put
             try:
-                self.layout.gather(target.layers, ch.block_ids, out=target.staging)
-                ok = self.store.put(ch.key, ch.parent, target.staging_bytes(), num_tokens=self.chunk_size,
-                                    shape=target.shape, dtype=target.dtype_name)
+                if gathered[j] is not None:
+                    raise gathered[j]   # type: ignore[misc]
+                ok = self.store.put(ch.key, ch.parent, bufs[j % len(bufs)].claim().bytes(),
+                                    num_tokens=self.chunk_size, shape=target.shape, dtype=target.dtype_name)
             except Exception as e:
-                log.warning("kvtier: store.put failed: %s", e)
+                log.warning("kvtier: saving a chunk failed: %s", e)
                 ok = False
                 if self.metrics:
                     self.metrics.error("store_exception")
@@ -95,7 +111,7 @@ class ChunkSaves:
             prev = self._saved.get(ch.req_id)
             self._saved[ch.req_id] = prev.add(done) if prev is not None else done
             if self.metrics:
-                self.metrics.stored(n, time.perf_counter() - t0, dropped=not ok, generated=ch.generated)
+                self.metrics.stored(n, time.perf_counter() - started[j], dropped=not ok, generated=ch.generated)
 
     def take_saved(self) -> dict[str, SaveOutcome]:
         """What was saved per request since the last call."""

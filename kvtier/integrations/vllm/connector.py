@@ -19,6 +19,14 @@ in the background by the store. ``get_num_new_matched_tokens`` may return ``(Non
 ("ask again") while the shared tier's existence answer is pending (bounded by
 ``store.shared.lookup_timeout_s``).
 
+Layouts and devices: the connector asks vLLM for the ``LBHNC`` KV cache layout
+(``get_required_kvcache_layout``, as vLLM's OffloadingConnector does) and serves every block-compact
+layout vLLM resolves; the worker derives the layout from the views it registers, and every copy is
+ordered against vLLM's compute stream (``kvtier.transfer``). An engine kvtier cannot serve fails at
+start unless ``connector.on_unsupported`` is ``serve-without-cache``. With layer-pipelined loads
+(``connector.load_mode: layerwise``) the connector needs piecewise CUDA graphs
+(``requires_piecewise_for_cudagraph``): a full graph would skip ``wait_for_layer_load``.
+
 KV events: with vLLM's ``--kv-events-config`` enabled, ``take_events`` (scheduler) returns
 ``BlockStored`` / ``BlockRemoved`` for kvtier's tiers (medium ``CPU`` / ``DISK`` / ``SHARED``)
 with vLLM's block hashes, published by vLLM with its own events (``kv_events.py``).
@@ -44,11 +52,12 @@ from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.kv_events import DEFAULT_MAP_CAPACITY, KvEvents
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, metrics_port, serve
-from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name
+from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name, resolved_layout_name
 from kvtier.integrations.vllm.prefetch_reads import PrefetchReader
 from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
-from kvtier.integrations.vllm.worker_side import WorkerSide
+from kvtier.integrations.vllm.worker_side import UnsupportedEngine, WorkerSide
 from kvtier.read_speed import ReadSpeeds
+from kvtier.transfer.page_layout import LBHNC, REQUIRED_LAYOUT, LayoutError
 
 if TYPE_CHECKING:
     import torch
@@ -87,6 +96,14 @@ def _kv_events_enabled(vllm_config: "VllmConfig") -> bool:
     return bool(cfg is not None and getattr(cfg, "enable_kv_cache_events", False))
 
 
+def _engine(vllm_config: "VllmConfig") -> str:
+    """"model M, attention backend B" for errors."""
+    attn = getattr(vllm_config, "attention_config", None)
+    backend = getattr(attn, "backend", None) if attn is not None else None
+    name = getattr(backend, "name", backend) or "chosen by vLLM"
+    return f"model {vllm_config.model_config.model}, attention backend {name}"
+
+
 def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
     """KV bytes of one chunk (all layers) from the model config and the KV dtype, to bound the worker-keys set."""
     try:
@@ -117,14 +134,26 @@ class KvtierConnector(KVConnectorBase_V1):
             self._kv_transfer_config.kv_load_failure_policy = "recompute"
         cfg = self.config
         block_size = int(vllm_config.cache_config.block_size)
-        layout = engine_layout(vllm_config, kv_cache_config)
+        engine = _engine(vllm_config)
+        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+        reason = ""
+        try:
+            layout = engine_layout(vllm_config, kv_cache_config)
+        except LayoutError as e:
+            layout, reason = LBHNC, str(e)
+        if len(groups) > 1:
+            reason = (f"{len(groups)} KV-cache groups (a hybrid model: sliding-window, linear-attention or "
+                      f"Mamba layers beside full attention); kvtier serves one")
+        self._unsupported = bool(reason)
+        self._no_claims = False        # a worker reported it serves without the cache (plans made still run)
+        if reason and cfg.connector.on_unsupported != "serve-without-cache":
+            raise UnsupportedEngine(f"kvtier cannot serve this engine ({engine}): {reason}. To run without "
+                                    f"kvtier's cache, set connector.on_unsupported: serve-without-cache")
+        if reason:
+            log.error("kvtier: serving without the cache (%s; connector.on_unsupported: serve-without-cache): %s",
+                      engine, reason)
         self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout,
                                           deployment=cfg.store.deployment)
-        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
-        self._unsupported = len(groups) > 1
-        if self._unsupported:
-            log.error("kvtier: %d KV cache groups (hybrid model) are not supported; connector inactive",
-                      len(groups))
         self.metrics = ConnectorMetrics()
         # With vLLM's multiprocess executor (the default on CPU) the worker runs in another
         # process: the scheduler then sees the SSD tier directly and the worker's RAM tier only
@@ -168,7 +197,10 @@ class KvtierConnector(KVConnectorBase_V1):
                                       async_read_depth=cfg.connector.async_read_depth, kv_events=kv_events,
                                       read_speeds=ReadSpeeds(half_life_s=cfg.claims.half_life_s,
                                                              unavailable_s=cfg.claims.unavailable_s),
-                                      layerwise=cfg.connector.load_mode == "layerwise")
+                                      layerwise=cfg.connector.load_mode == "layerwise",
+                                      on_unsupported=cfg.connector.on_unsupported, engine=engine)
+            if self._unsupported:
+                self._worker.disabled = reason
             if cfg.connector.prefetch_ram:
                 self._prefetch = PrefetchReader(self.store, timeout_s=cfg.connector.load_timeout_s,
                                                 chunk_nbytes=lambda: getattr(self._worker, "chunk_nbytes", 0))
@@ -181,9 +213,28 @@ class KvtierConnector(KVConnectorBase_V1):
             if stats_dir else None
         if self._snapshots is not None:
             atexit.register(self._snapshots.stop)
-        log.info("kvtier connector (%s, pid %d): namespace %s (%s, layout %s, dtype %s, chunk %d)", role_name,
-                 os.getpid(), self.namespace.short_id(), self.namespace.model, layout.name,
-                 self.namespace.dtype, self.namespace.chunk_size)
+        if self._unsupported and self.metrics:
+            self.metrics.error("layout")
+        log.info("kvtier connector (%s, pid %d): namespace %s (%s, vLLM layout %s, payload %s, dtype %s, chunk %d)",
+                 role_name, os.getpid(), self.namespace.short_id(), self.namespace.model,
+                 resolved_layout_name(vllm_config, kv_cache_config), layout.name, self.namespace.dtype,
+                 self.namespace.chunk_size)
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+        """The per-layer ``[num_blocks, kv_heads, block_size, content]`` layout, every platform's (the CPU
+        backend's own); vLLM may resolve another block-compact one, which kvtier serves too."""
+        return REQUIRED_LAYOUT
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        """Layer-pipelined loads need ``wait_for_layer_load`` before each attention layer, which a full
+        CUDA graph would skip: vLLM then runs piecewise graphs."""
+        try:
+            return config_from_extra(extra_config).connector.load_mode == "layerwise"
+        except Exception as e:   # a bad config fails at the connector's construction, with its own message
+            log.debug("kvtier: reading the config for the CUDA graph mode failed: %s", e)
+            return False
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -191,8 +242,8 @@ class KvtierConnector(KVConnectorBase_V1):
 
     # ---------------------------------------------------------------- worker side
     def register_kv_caches(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
-        if self._worker is not None:
-            self._worker.register(kv_caches)
+        if self._worker is not None and not self._unsupported:
+            self._worker.register(kv_caches)    # UnsupportedEngine fails the start (on_unsupported: fail)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -273,7 +324,7 @@ class KvtierConnector(KVConnectorBase_V1):
             self._sched.on_new_request(request)     # queue-time prefetch: its shared-tier check starts now
 
     def get_num_new_matched_tokens(self, request: "Request", num_computed_tokens: int) -> tuple[int | None, bool]:
-        if self._sched is None or self._unsupported:
+        if self._sched is None or self._unsupported or self._no_claims:
             return 0, False
         n = self._sched.num_new_matched_tokens(request, num_computed_tokens)
         if n is None:
@@ -304,6 +355,9 @@ class KvtierConnector(KVConnectorBase_V1):
     def update_connector_output(self, connector_output: "KVConnectorOutput") -> None:
         meta = connector_output.kv_connector_worker_meta
         if self._sched is not None and isinstance(meta, KvtierWorkerMetadata):
+            if meta.disabled and not self._no_claims:
+                self._no_claims = True      # a worker serves without the cache: claim nothing from now on
+                log.error("kvtier: a worker serves without the cache (%s); the scheduler claims nothing", meta.disabled)
             self._sched.on_worker_meta(meta)
         if self._sched is not None:
             self._sched.on_finished_recving(connector_output.finished_recving)

@@ -32,6 +32,12 @@ Errors (never wrong KV served, never a hung engine):
   layer) may have been read before its copy: every plan of that step is then reported as failed
   (recomputed) and ``unwaited`` is set, so the caller can fall back to the whole-request path.
 
+Ordering on a device (``kvtier.transfer.streams``): ``start`` (the engine's thread) makes the lane's
+transfer stream wait for the compute stream (the blocks were allocated and zeroed there); the copies of
+each layer end with an event recorded on the transfer stream, and ``wait_layer`` makes the compute
+stream wait on that event once the host saw the layer's copies queued, so attention never reads a
+block before its copy landed. On the CPU these are no-ops (``Ordering`` below is what the tests record).
+
 What happened comes back as the whole-request path's ``SyncLoadResult`` (``sync_loads.py``), so
 the worker accounts for both the same way. Side-effect free towards the worker.
 """
@@ -49,11 +55,10 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Sequence
 from kvtier.integrations.vllm.load_times import LoadTimes
 from kvtier.integrations.vllm.metadata import LoadOutcome, LoadPlan
 from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, ReadFn, SyncLoadResult
+from kvtier.transfer.streams import NoOrdering, Ordering
 
 if TYPE_CHECKING:
-    import torch
-
-    from kvtier.integrations.vllm.layouts import KVLayout
+    from kvtier.transfer.blocks import BlockCopier
 
 log = logging.getLogger("kvtier.connector")
 
@@ -80,6 +85,7 @@ class _Run:
     jobs: list[_Job]
     done: list[threading.Event]
     result: SyncLoadResult
+    events: list[Any] = field(default_factory=list)   # per layer: the transfer stream's event after its copies
     failed_at: dict[int, tuple[int, str]] = field(default_factory=dict)
     waited: set[int] = field(default_factory=set)
     abandoned: bool = False
@@ -94,9 +100,10 @@ class LayerLoader:
 
     def __init__(self, read: ReadFn, scatter_layer: LayerScatterFn, new_buffer: Callable[[], Any], *,
                  num_layers: int, chunk_nbytes: int, blocks_per_chunk: int, block_size: int,
-                 depth: int = PREFETCH_DEPTH) -> None:
+                 depth: int = PREFETCH_DEPTH, ordering: Ordering | None = None) -> None:
         self._read = read
         self._scatter_layer = scatter_layer
+        self._ordering = ordering if ordering is not None else NoOrdering()
         self._new_buffer = new_buffer
         self.num_layers = num_layers
         self.chunk_nbytes = chunk_nbytes
@@ -120,7 +127,8 @@ class LayerLoader:
         jobs = [_Job(p, i, ch.key, tuple(ch.block_ids), ch.first_block)
                 for p, plan in enumerate(plans) for i, ch in enumerate(plan.chunks)]
         res = SyncLoadResult([LoadOutcome() for _ in plans], [0] * len(plans), [0.0] * len(plans), LoadTimes())
-        run = _Run(plans, deadline, jobs, [threading.Event() for _ in range(self.num_layers)], res)
+        run = _Run(plans, deadline, jobs, [threading.Event() for _ in range(self.num_layers)], res,
+                   [None] * self.num_layers)
         self._run = run
         if disabled or not jobs:
             for p, plan in enumerate(plans):
@@ -135,6 +143,7 @@ class LayerLoader:
             job.buffer = buf
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.depth, thread_name_prefix="kvtier-load")
+        self._ordering.follow_compute()      # the blocks were allocated (and zeroed) on the compute stream
         threading.Thread(target=self._work, args=(run, self._pool), name="kvtier-layers", daemon=True).start()
 
     def wait_layer(self, layer: int) -> None:
@@ -144,12 +153,12 @@ class LayerLoader:
             return
         run.waited.add(layer)
         ev = run.done[layer]
-        if ev.is_set():
-            return
-        tw = time.perf_counter()
-        if not ev.wait(max(0.0, run.deadline - time.monotonic())):
-            self._abandon(run, layer)
-        run.result.times.wait += time.perf_counter() - tw
+        if not ev.is_set():
+            tw = time.perf_counter()
+            if not ev.wait(max(0.0, run.deadline - time.monotonic())):
+                self._abandon(run, layer)
+            run.result.times.wait += time.perf_counter() - tw
+        self._ordering.fence(run.events[layer])   # attention on this layer runs after its copies land
 
     def finish(self) -> SyncLoadResult | None:
         """End the current run (waits for its copies up to its deadline); its result, None if none ran."""
@@ -293,10 +302,12 @@ class LayerLoader:
             job.ok = True
             if not self._copy(run, 0, [job]):
                 return
+        run.events[0] = self._ordering.record()
         run.done[0].set()
         for layer in range(1, self.num_layers):
             if not self._copy(run, layer, jobs):
                 return
+            run.events[layer] = self._ordering.record()
             run.done[layer].set()
         run.t_done = time.perf_counter()
 
@@ -316,16 +327,15 @@ class LayerwiseLoads:
         self._t0 = 0.0
 
     @classmethod
-    def build(cls, read: ReadFn, layout: "KVLayout", layers: Sequence["torch.Tensor"], layer_names: Sequence[str],
-              staging: "torch.Tensor", busy: Callable[[], ContextManager[None]], *, chunk_nbytes: int,
+    def build(cls, read: ReadFn, copier: "BlockCopier", layer_names: Sequence[str],
+              busy: Callable[[], ContextManager[None]], *, chunk_nbytes: int,
               blocks_per_chunk: int, block_size: int) -> "LayerwiseLoads":
-        import torch
+        def scatter_layer(layer: int, block_ids: tuple[int, ...], first_block: int, buf: Any) -> None:
+            copier.scatter(block_ids, first_block, buf, layers=range(layer, layer + 1))
 
-        def scatter_layer(layer: int, block_ids: tuple[int, ...], first_block: int, buf: "torch.Tensor") -> None:
-            layout.scatter(layers[layer:layer + 1], block_ids, buf[layer:layer + 1], first_block=first_block)
-
-        loader = LayerLoader(read, scatter_layer, lambda: torch.empty_like(staging), num_layers=len(layers),
-                             chunk_nbytes=chunk_nbytes, blocks_per_chunk=blocks_per_chunk, block_size=block_size)
+        loader = LayerLoader(read, scatter_layer, copier.new_buffer, num_layers=copier.views.num_layers,
+                             chunk_nbytes=chunk_nbytes, blocks_per_chunk=blocks_per_chunk, block_size=block_size,
+                             ordering=copier)
         return cls(loader, layer_names, busy)
 
     @property

@@ -154,7 +154,9 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
 
     ``read_speeds``: this worker's estimate of each tier's reads (``kvtier.read_speed``), sent when it
     changed; folded with the slower rank. ``forward``: (tokens, span, seconds) of the step's forward
-    pass (the step's ``step_tokens`` / ``step_span``), the slowest rank's."""
+    pass (the step's ``step_tokens`` / ``step_span``), the slowest rank's. ``disabled``: the worker
+    serves without the cache (``connector.on_unsupported: serve-without-cache``) and why; any rank's
+    reason disables the engine's claims."""
 
     pid: int = 0
     loads: dict[str, LoadOutcome] = field(default_factory=dict)
@@ -167,6 +169,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     read_speeds: dict[str, TierSpeed] = field(default_factory=dict)
     forward: tuple[int, int, float] | None = None
     prefetched: dict[str, PrefetchOutcome] = field(default_factory=dict)   # prefetch plans finished
+    disabled: str = ""                                                    # why this worker serves without cache
 
     def tier_of(self) -> dict[bytes, str]:
         tiers = self.stored_tiers + [""] * (len(self.stored_keys) - len(self.stored_tiers))
@@ -202,4 +205,4 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         forward = max((f for f in (self.forward, other.forward) if f is not None), key=lambda f: f[2], default=None)
         prefetched = {**other.prefetched, **self.prefetched}   # a rank's report of a plan is enough
         return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone,
-                                    saves, changes, speeds, forward, prefetched)
+                                    saves, changes, speeds, forward, prefetched, self.disabled or other.disabled)

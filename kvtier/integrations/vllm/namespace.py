@@ -1,10 +1,11 @@
 """The cache namespace of one vLLM engine, derived identically in the scheduler and the worker.
 
 Everything that makes KV incompatible goes in: the served model (path or name) and a
-fingerprint of its weights, the KV dtype, the paged layout, the engine block size, the
+fingerprint of its weights, the KV dtype, the chunk payload's layout, the engine block size, the
 chunk size and the TP/PP rank and size. Both connector halves call ``engine_namespace``
-with the same ``VllmConfig``; the layout comes from the platform, the attention backend
-and vLLM's resolved ``kv_cache_layout`` (never from tensors only the worker can see).
+with the same ``VllmConfig``; the payload layout comes from vLLM's resolved ``kv_cache_layout``
+(``kvtier.transfer.page_layout``; kvtier asks for LBHNC), and the worker checks it against the
+strides of the views it registers (``kvtier.transfer.views``), never from a backend's name.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtier.integrations.vllm.layouts import KVLayout, layout_for_engine
 from kvtier.keys import Namespace
+from kvtier.transfer.page_layout import REQUIRED_LAYOUT, PageLayout, page_layout_of
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -48,18 +49,16 @@ def kv_dtype_name(vllm_config: "VllmConfig") -> str:
     return str(vllm_config.model_config.dtype).removeprefix("torch.")
 
 
-def engine_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None") -> KVLayout:
-    from vllm.platforms import current_platform
+def resolved_layout_name(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None") -> str:
+    """vLLM's resolved KV cache layout (the engine core resolves it before the connector is built);
+    the one kvtier asks for when none was resolved yet."""
+    return (getattr(kv_cache_config, "kv_cache_layout", None) or vllm_config.cache_config.kv_cache_layout
+            or REQUIRED_LAYOUT)
 
-    platform = "cpu" if current_platform.is_cpu() else str(current_platform.device_type)
-    backend = ""
-    attn = getattr(vllm_config, "attention_config", None)
-    if attn is not None and getattr(attn, "backend", None) is not None:
-        backend = str(getattr(attn.backend, "name", attn.backend))
-    if not backend:
-        backend = "FLASH_ATTN"  # vLLM's default on CUDA
-    layout_name = getattr(kv_cache_config, "kv_cache_layout", None) or vllm_config.cache_config.kv_cache_layout
-    return layout_for_engine(platform, backend, layout_name)
+
+def engine_layout(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None") -> PageLayout:
+    """The chunk payload layout of this engine; LayoutError when kvtier cannot serve its KV layout."""
+    return page_layout_of(resolved_layout_name(vllm_config, kv_cache_config))
 
 
 def check_chunk_size(chunk_size: int, block_size: int) -> None:
@@ -70,7 +69,7 @@ def check_chunk_size(chunk_size: int, block_size: int) -> None:
 
 
 def engine_namespace(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None",
-                     chunk_size: int, layout: KVLayout | None = None, deployment: str = "") -> Namespace:
+                     chunk_size: int, layout: PageLayout | None = None, deployment: str = "") -> Namespace:
     """The namespace for this engine and rank. Raises NamespaceError on a bad chunk size."""
     block_size = int(vllm_config.cache_config.block_size)
     check_chunk_size(chunk_size, block_size)

