@@ -44,7 +44,7 @@ class BlockCopier:
 
         if self._staging is None:
             v = self.views
-            self._staging = torch.empty((v.num_layers, self.blocks_per_chunk, v.page_bytes()), dtype=torch.uint8,
+            self._staging = torch.empty((v.num_layers, self.blocks_per_chunk, v.page_words), dtype=v.word,
                                         device=v.device)
         return self._staging
 

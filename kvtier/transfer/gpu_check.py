@@ -374,9 +374,17 @@ def exit_code(report: Report) -> int:
 
 
 def print_table(report: Report) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+    """With rich when it is installed (a GPU machine may have torch alone), else plain aligned text."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        table = rows(report)
+        widths = [max(len(r[i]) for r in table) for i in range(2)]
+        print("kvtier GPU check")
+        for check, status, detail in table:
+            print(f"{check:<{widths[0]}}  {status:<{widths[1]}}  {detail}")
+        return
     colour = {"ok": "green", "met": "green", "FAIL": "red", "not met": "yellow", "info": "cyan"}
     table = Table("check", "result", "detail", title="kvtier GPU check")
     for check, status, detail in rows(report):

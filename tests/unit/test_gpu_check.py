@@ -151,3 +151,13 @@ def test_doctor_gpu_runs_only_the_gpu_check_without_vllm():
     done = run("-c", code)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("2 False\nno CUDA device: ")
+
+
+def test_plain_table_without_rich(monkeypatch, capsys):
+    """A GPU machine may have torch alone: the table is then plain text."""
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    report = Report(gpu_check.environment(torch.device("cpu"), SMALL),
+                    round_trips=[RoundTrip("bfloat16", "lbhnc", True, 64, 0)])
+    gpu_check.print_table(report)
+    out = capsys.readouterr().out
+    assert out.startswith("kvtier GPU check\n") and "round trip bfloat16  ok" in out and "64 pages bit-exact" in out

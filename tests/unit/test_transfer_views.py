@@ -138,3 +138,16 @@ def test_page_layout_names():
         PageLayout.parse("cpu_lbhnc")
     with pytest.raises(LayoutError, match="unknown vLLM"):
         page_layout_of("XYZ")
+
+
+def test_pages_move_in_the_widest_word_that_fits():
+    """int64 words for vLLM's pages (index_copy_ is elementwise on the CPU); bytes where nothing wider divides."""
+    assert derive_views(vllm_views(KVCacheLayout.LBHNC, torch.bfloat16), BLOCK).word == torch.int64
+    odd = [t for t in torch.randint(0, 255, (2, 6, 1, 5, 3), dtype=torch.uint8)]     # 15-byte pages
+    kv = derive_views(odd, 5)
+    assert kv.word == torch.uint8
+    dst = [torch.zeros_like(t) for t in odd]
+    buf = BlockCopier(kv, 2).new_buffer()
+    BlockCopier(kv, 2).gather([4, 1], buf)
+    BlockCopier(derive_views(dst, 5), 2).scatter([0, 5], 0, buf)
+    assert all(same(d[0], s[4]) and same(d[5], s[1]) for s, d in zip(odd, dst))
