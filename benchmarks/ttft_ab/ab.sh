@@ -28,26 +28,33 @@ for round in $(seq 1 "$rounds"); do
     PYTHONPATH="$pp" .venv/bin/kvtier "${bench[@]}" --workdir "$work" --json "$out/$side-$round.json" \
       --md "$out/$side-$round.md" > "$out/$side-$round.out" 2>&1 || echo "$side round $round failed" | tee -a "$out/runs.txt"
     echo "$side round $round: $(( $(date +%s) - start )) s" | tee -a "$out/runs.txt"
+    for role in kvtier-w kvtier-r; do cp "$work/$role.json" "$out/$side-$round-$role.json" 2>/dev/null || true; done
     rm -rf "$work"
   done
 done
-.venv/bin/python - "$out" <<'PYEOF'
+.venv/bin/python - "$out" "$length" <<'PYEOF'
+# Every sample of every round (the role files), per side: TTFT of an SSD hit (fresh engine), a RAM hit, a
+# miss (cold), and the connector's own load time in each SSD hit (its load-seconds counter, per sample).
 import json, pathlib, statistics, sys
-out = pathlib.Path(sys.argv[1])
-rows = {}
-for f in sorted(out.glob("*-*.json")):
-    side = f.stem.split("-")[0]
-    for r in json.loads(f.read_text()).get("rows", []):
-        for k in ("kvtier_ssd_s", "kvtier_ram_s", "kvtier_miss_s"):
-            if r.get(k) is not None:
-                rows.setdefault((side, k), []).append(r[k])
-lines = ["| figure | old (median of rounds) | new | new / old |", "|---|---:|---:|---:|"]
-for k in ("kvtier_ssd_s", "kvtier_ram_s", "kvtier_miss_s"):
-    o, n = rows.get(("old", k)), rows.get(("new", k))
+out, length = pathlib.Path(sys.argv[1]), sys.argv[2]
+samples = {}
+for f in sorted(out.glob("*-*-kvtier-*.json")):
+    side = f.name.split("-")[0]
+    for kind, values in json.loads(f.read_text()).get("rows", {}).get(length, {}).items():
+        for v in values if isinstance(values, list) else []:
+            samples.setdefault((side, kind), []).append(v["s"])
+            if kind == "ssd_hit":
+                load = v.get("kvtier", {}).get("kvtier_connector_load_seconds_sum")
+                if load is not None:
+                    samples.setdefault((side, "ssd_hit: load alone"), []).append(load)
+lines = [f"{length}-token prompts; every sample of every round.", "",
+         "| figure | old: median (n, min-max) | new: median (n, min-max) | new / old (medians) |", "|---|---:|---:|---:|"]
+for kind in ("ssd_hit", "ssd_hit: load alone", "ram_hit", "cold"):
+    o, n = samples.get(("old", kind)), samples.get(("new", kind))
     if o and n:
         mo, mn = statistics.median(o), statistics.median(n)
-        lines.append(f"| {k} | {mo:.3f} s ({', '.join(f'{x:.3f}' for x in o)}) | {mn:.3f} s "
-                     f"({', '.join(f'{x:.3f}' for x in n)}) | {mn / mo:.3f} |")
+        lines.append(f"| {kind} | {mo:.3f} s ({len(o)}, {min(o):.3f}-{max(o):.3f}) | {mn:.3f} s ({len(n)}, "
+                     f"{min(n):.3f}-{max(n):.3f}) | {mn / mo:.3f} |")
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 PYEOF
