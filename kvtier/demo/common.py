@@ -72,8 +72,10 @@ def model_facts(path: Path, dtype: str) -> ModelFacts:
 
 
 def results_dir(out: Path | None, name: str) -> Path:
-    """A fresh results folder: ``out`` or ./results/<name>-<UTC timestamp>."""
-    path = out or Path("results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    """A fresh results folder: ``out`` or ./results/<name>-<UTC timestamp>, made absolute here, once: the
+    services and engines the demos start under it compare and hand out its paths (mount points, tier
+    directories, configs), and other processes resolve a relative path against another directory."""
+    path = (out or Path("results") / f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}").resolve()
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -132,7 +132,7 @@ class Haproxy:
         binary = haproxy_binary()
         spec = BalancerSpec(port=port or free_port(), mode=mode, backends=tuple(backends),
                             check_interval_ms=check_interval_ms)
-        workdir = Path(workdir)
+        workdir = Path(workdir).resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         cfg = workdir / f"haproxy-{mode}.cfg"
         cfg.write_text(render_config(spec))

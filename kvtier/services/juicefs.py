@@ -139,7 +139,7 @@ class JuiceFs:
               timeout: float = 60.0) -> "JuiceFs":
         juicefs = venv_bin("juicefs", _HINT)
         _fusermount()
-        root = Path(tmp) / "juicefs"
+        root = Path(tmp).resolve() / "juicefs"     # mount points are compared with /proc/self/mounts
         bucket = root / "bucket"
         bucket.mkdir(parents=True, exist_ok=True)
         url = _meta_url(meta, db)

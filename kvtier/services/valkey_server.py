@@ -70,7 +70,7 @@ class ValkeyServer:
               maxmemory: int | str | None = None, policy: str = "allkeys-lru",
               extra: Sequence[str] = (), name: str | None = None, timeout: float = 15.0) -> "ValkeyServer":
         port = port or free_port()
-        root = Path(tmp) / (name or f"valkey-{port}")
+        root = Path(tmp).resolve() / (name or f"valkey-{port}")
         root.mkdir(parents=True, exist_ok=True)
         argv = [valkey_binary(), "--bind", HOST, "--port", str(port), "--dir", str(root), "--save", "",
                 "--appendonly", "no", "--daemonize", "no", "--loglevel", "warning",

@@ -54,7 +54,7 @@ class MooncakeCluster:
               extra_master_args: tuple[str, ...] = (), timeout: float = 30.0) -> "MooncakeCluster":
         master_binary()
         ports = [free_port() for _ in range(3)]
-        root = Path(tmp) / f"mooncake-{ports[0]}"
+        root = Path(tmp).resolve() / f"mooncake-{ports[0]}"
         root.mkdir(parents=True, exist_ok=True)
         mc = cls(root=root, rpc_port=ports[0], http_port=ports[1], metrics_port=ports[2],
                  segment_bytes=segment_bytes, lease_ttl_ms=lease_ttl_ms, extra_master_args=list(extra_master_args))
