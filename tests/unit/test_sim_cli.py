@@ -124,3 +124,14 @@ def test_calibrate_unreachable_server_is_one_line(tmp_path) -> None:
     r = runner.invoke(app, ["calibrate", "--base-url", f"http://127.0.0.1:{free_port()}", "--out",
                             str(tmp_path / "p.yaml"), "--request-timeout", "5"])
     assert r.exit_code == 2 and "cannot reach" in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_plan_with_a_preset_profile_as_the_readme_writes_it(tmp_path) -> None:
+    """`kvtier plan wl.jsonl --profile h100/llama-3-8b` (README): a preset names the engine's KV space."""
+    wl = make_wl(tmp_path, n=6)
+    r = runner.invoke(app, ["plan", str(wl), "--profile", "h100/llama-3-8b", "--json", str(tmp_path / "p.json"),
+                            "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    p = json.loads((tmp_path / "p.json").read_text())
+    assert p["chunk_bytes"] == 256 * 128 * 1024      # the preset's Llama-3-8B KV (128 KiB/token), 256-token chunks
+    assert p["curve"] and p["candidates"] and p["best"] is not None
