@@ -13,7 +13,8 @@ reads, from the views alone (never from a backend's name):
 
 Pages are copied as raw words, whatever the KV dtype (an fp8 cache moves as any other): the widest
 integer type (int64 down to uint8) that divides the page, the strides and the offsets. Wide words
-matter on the CPU, where ``index_copy_`` moves one element at a time (bytes: ~20x slower than int64).
+matter on the CPU, where ``index_copy_`` moves one element at a time (a SmolLM2 chunk's scatter: 18.8 ms in
+bytes, 2.9 ms in int64 words).
 
 Axes of size 1 (one KV head, an MLA latent) may sit anywhere in memory: they decide nothing.
 """
@@ -98,9 +99,6 @@ def page_order(view: "torch.Tensor", expected: PageLayout | None = None) -> tupl
 
 
 def _check_layer(view: "torch.Tensor", name: str, block_size: int, order: tuple[str, ...]) -> None:
-    if view.dim() != 4:
-        raise LayoutError(f"KV layer {name}: expected vLLM's 4-d view [num_blocks, heads, block_size, content], "
-                          f"got shape {tuple(view.shape)}")
     if int(view.shape[2]) != block_size:
         raise LayoutError(f"KV layer {name}: {view.shape[2]} tokens per kernel block, engine block size "
                           f"{block_size}: kvtier does not serve kernel block splitting; set --block-size "
@@ -179,6 +177,9 @@ def derive_views(layers: "Sequence[torch.Tensor]", block_size: int, expected: Pa
             raise LayoutError(f"KV layer {name} differs from {names[0]} in shape, dtype or device "
                               f"({tuple(t.shape)} {t.dtype} {t.device} vs {tuple(first.shape)} {first.dtype} "
                               f"{first.device}): kvtier serves one KV-cache group of one kind")
+    if first.dim() != 4:        # every layer has the first's shape
+        raise LayoutError(f"KV layer {names[0]}: expected vLLM's 4-d view [num_blocks, heads, block_size, content], "
+                          f"got shape {tuple(first.shape)}")
     order = page_order(first, expected)
     layout = PageLayout(order)
     if expected is not None and layout != expected:

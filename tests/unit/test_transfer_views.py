@@ -119,6 +119,8 @@ def test_refusals_name_the_problem():
         derive_views([views[0], views[1][:, :2]], BLOCK)
     with pytest.raises(LayoutError, match="4-d"):
         derive_views([torch.zeros(2, NUM_BLOCKS, BLOCK, HEADS, HEAD)], BLOCK)
+    with pytest.raises(LayoutError, match="4-d"):
+        derive_views([torch.zeros(NUM_BLOCKS, BLOCK, HEAD)], BLOCK)        # was an IndexError, not a refusal
     with pytest.raises(LayoutError, match="no KV cache layers"):
         derive_views([], BLOCK)
 

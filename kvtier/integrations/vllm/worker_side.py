@@ -71,7 +71,7 @@ from kvtier.transfer.blocks import BlockCopier
 from kvtier.transfer.host_buffers import HostBuffer
 from kvtier.transfer.page_layout import LayoutError, PageLayout
 from kvtier.transfer.streams import Streams, streams_for
-from kvtier.transfer.views import KVViews, derive_views
+from kvtier.transfer.views import derive_views
 
 if TYPE_CHECKING:
     import torch
@@ -140,7 +140,6 @@ class WorkerSide:
         self.engine = engine                             # "model M, attention backend B" for errors
         self._streams = streams                          # None: the registered device's (streams_for)
         self._disabled_report = ""                       # serving without the cache: told to the scheduler once
-        self.views: KVViews | None = None
         self._copiers: dict[str, BlockCopier] = {}       # one lane per kind of copy
         self._sync: SyncLoader | None = None             # synchronous loads (buffers made at the first)
         self.layerwise = layerwise                       # load_mode layerwise (layer_loads.py)
@@ -174,7 +173,7 @@ class WorkerSide:
         except (LayoutError, ValueError) as e:
             self._unsupported(str(e))
             return
-        self.views, self.layers, self.layer_names = views, layers, names
+        self.layers, self.layer_names = views.layers, names
         self._copiers = {lane: BlockCopier(views, self.blocks_per_chunk, streams)
                          for lane in ("save", "load", "layers", "async")}
         save = self._copiers["save"]
