@@ -1,8 +1,8 @@
 """``kvtier doctor``: the installation, the CPU and what it computes fast, and (unless --no-load) a measured prefill rate.
 
 Rows: python, platform, torch, vLLM, CPU model, torch CPU capability, native bf16, the chosen
-dtype with its reason, the bundled model, cache folders; with ``--load`` also the model loaded
-with transformers, the cold prefill rate of a ~1K-token prompt (offline vLLM engine in a
+dtype with its reason, the bundled model, the other bundled models (files only), cache folders; with
+``--load`` also the model loaded with transformers, the cold prefill rate of a ~1K-token prompt (offline vLLM engine in a
 subprocess, prefix caching off, 1 output token) with the chosen dtype, and that engine's greedy
 continuation of the bundled model's check answer ("The capital of France is" -> Paris; a wrong fact
 is a problem). A forced dtype this CPU
@@ -163,6 +163,7 @@ def run_doctor(load: bool, choice: DtypeChoice, facts: CpuFacts, measure: Measur
                 _prefill(table, problems, choice, str(status.path), measure)
     else:
         table.add_row("model", "present (not loaded)")
+    warnings += _other_model_rows(table, model_status)
     for label, path in (("kvtier home", kvtier_home()), ("vLLM state", vllm_state_dir())):
         table.add_row(label, f"{path} ({_free(path)})")
     console.print(table)
@@ -173,6 +174,21 @@ def run_doctor(load: bool, choice: DtypeChoice, facts: CpuFacts, measure: Measur
             err_console.print(f"problem: {p}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     console.print("[green]all checks passed[/]")
+
+
+def _other_model_rows(table: Table, status_of: Callable) -> list[str]:
+    """One row per bundled model besides the default (ready or not; files only); warnings for missing ones."""
+    from kvtier.models import DEFAULT, MODELS
+
+    warnings = []
+    for m in MODELS.values():
+        if m is DEFAULT:
+            continue
+        st = status_of(m.path())
+        table.add_row(f"model {m.name}", f"[green]ready[/] ({st.path})" if st.ready else f"[yellow]{st.problem}[/]")
+        if not st.ready:
+            warnings.append(f"bundled model {m.name} is not prepared: {st.problem}")
+    return warnings
 
 
 def _prefill(table: Table, problems: list[str], choice: DtypeChoice, model: str, measure: Measure) -> None:
