@@ -322,6 +322,7 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
         figures["hit_rate_vs_ideal"] = figures["token_hit_rate"] / ideal
     figures["returning_turns_vs_bound"] = (figures["compared"]["kvtier-ram-ssd"]["returning_turns"] or {}).get(
         "ttft_over_bound")
+    figures["ram_only_band_missed"] = band_line(figures["ram_only_speedup"], figures["speedup_mean_ttft"])
     write_json(out / "demo.json", figures)
     plot = plot_regime_safely(regime, out, on_event)
     append_figures_section(Path(result.report_path), figures, regime, plot)
@@ -333,6 +334,8 @@ def run_point(sizing: Sizing, out: Path, facts: ModelFacts, opts: DemoOptions, c
         console.print(repeats_table(figures["repeats"]))
         append_repeats_section(Path(result.report_path), figures["repeats"])
         write_json(out / "demo.json", figures)
+    if figures["ram_only_band_missed"]:
+        red(f"not the published regime on this run: {figures['ram_only_band_missed']}")
     console.print(f"speedup (mean TTFT) RAM+SSD vs vanilla: [bold]{_x(figures['speedup_mean_ttft'])}[/] (returning "
                   f"turns {_x(figures['speedup_returning_turns'])}); RAM-only: {_x(figures['ram_only_speedup'])} "
                   f"(returning turns {_x(figures['ram_only_speedup_returning_turns'])}); token hit rate {_p(figures['token_hit_rate'])} "
@@ -354,10 +357,9 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, hist
         red(f"this machine is too slow for the target: the smallest size in the published regime is estimated at "
             f"{sizing.estimate_s / 60:.1f} min, {over / 60:.1f} min ({over / sizing.target_s:.0%}) over the "
             f"{sizing.target_s / 60:.0f}-minute target")
-    replies = (f", replies x{sizing.length_scale * sizing.reply_scale:.2f} (~{s.assistant_tokens} tokens)"
-               if sizing.reply_scale != 1.0 else "")
     console.print(f"size for this machine: {s.conversations} conversations, {s.concurrency} users, {f.requests} "
-                  f"requests, {f.prompt_tokens:,} prompt tokens (token lengths x{sizing.length_scale:.2f}{replies}, think "
+                  f"requests, {f.prompt_tokens:,} prompt tokens, {reply_words(f, history, s.max_tokens)} (token "
+                  f"lengths x{sizing.length_scale:.2f}, replies x{sizing.length_scale * sizing.reply_scale:.2f}, think "
                   f"times x{sizing.think_scale:.2f}); estimated {sizing.estimate_s / 60:.1f} min (target "
                   f"{sizing.target_s / 60:.0f} min){'; set by ' + '/'.join(sizing.overridden) if sizing.overridden else ''}")
     ideal = "" if history == "workload" else " of the workload's text (the live ideal is computed from the prompts sent)"
@@ -379,6 +381,31 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, hist
             console.print(f"closed-loop model (requests queue for the engine's {regime.engine.tokens:,}-token KV space): "
                           f"predicted mean-TTFT speedup RAM-only {units.ratio(sp.get('kvtier-ram'))}, RAM+SSD "
                           f"{units.ratio(sp.get('kvtier-ram-ssd'))}")
+
+
+def reply_words(f: WorkloadFacts, history: str, max_tokens: int) -> str:
+    """The reply length the requests are sent with: live history sends each turn's ``max_tokens``
+    (its mean and range), workload history ``max_tokens`` for every request."""
+    outs = [t.out_tokens for c in f.conversations for t in c]
+    if history != "live" or not outs:
+        return f"replies of {max_tokens} tokens (max_tokens)"
+    return f"replies of {sum(outs) / len(outs):.1f} tokens on average (max_tokens {min(outs)}-{max(outs)})"
+
+
+def band_line(ram_speedup: float | None, ssd_speedup: float | None) -> str | None:
+    """The summary's first line when RAM-only misses the published band (``regime.RAM_SPEEDUP_RANGE``)
+    or is not below RAM+SSD (capacity then decided nothing); None when it is inside and below."""
+    from kvtier.demo.regime import RAM_SPEEDUP_RANGE
+
+    lo, hi = RAM_SPEEDUP_RANGE
+    if ram_speedup is None:
+        return None
+    out = []
+    if not lo <= ram_speedup <= hi:
+        out.append(f"RAM-only {_x(ram_speedup)} is outside the published band {lo}-{hi}x")
+    if ssd_speedup is not None and ram_speedup >= ssd_speedup:
+        out.append(f"RAM-only is not below RAM+SSD ({_x(ram_speedup)} vs {_x(ssd_speedup)}): capacity decided nothing")
+    return "; ".join(out) or None
 
 
 def rerender_partial(result, same: SameRequests, out: Path) -> None:

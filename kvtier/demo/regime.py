@@ -61,6 +61,11 @@ RAM_SPEEDUP_RANGE = (1.2, 1.8)
 SSD_SHARE = 0.95
 SSD_MIN_SHARE = 0.90
 MIN_RAM_CHUNKS = 2
+#: RAM-only's send order: modelled at the share of the ideal it is predicted at, found in at most this
+#: many rounds, to this tolerance (the cheap curve-alone choice orders the turns at the default share)
+RAM_ORDER_ROUNDS = 4
+RAM_ORDER_TOLERANCE = 0.05
+DEFAULT_ORDER_SHARE = 0.5
 SSD_WORKING_SETS = 4               # live history's replies add KV the workload's text does not have
 MIN_SSD_CHUNKS = 64
 #: users (conversations in flight) the sizing tries, as multiples of the base size's users
@@ -97,6 +102,12 @@ class Regime:
     problems: tuple[str, ...] = ()
     #: (configuration, modelled mean TTFT s) at each predicted hit rate; empty without a speedup model
     predicted_ttft: tuple[tuple[str, float], ...] = ()
+    #: the curve RAM-only is read off (``ram_curve``): chains evicted tail first, in RAM-only's own send
+    #: order; empty: the curve above
+    ram_capacities_tokens: tuple[int, ...] = ()
+    ram_hit_rate: tuple[float, ...] = ()
+    #: share of the ideal hit the send order of ``ram_hit_rate`` was modelled at
+    ram_order_share: float | None = None
 
     @property
     def reached(self) -> bool:
@@ -119,6 +130,13 @@ class Regime:
         i = int(np.searchsorted(np.asarray(self.capacities_tokens), tokens, side="right")) - 1
         return float(self.hit_rate[i]) if i >= 0 else 0.0
 
+    def ram_at(self, tokens: float) -> float:
+        """RAM-only's curve at ``tokens`` (``ram_hit_rate``; the curve above when there is none)."""
+        if not self.ram_capacities_tokens:
+            return self.at(tokens)
+        i = int(np.searchsorted(np.asarray(self.ram_capacities_tokens), tokens, side="right")) - 1
+        return float(self.ram_hit_rate[i]) if i >= 0 else 0.0
+
     def to_dict(self) -> dict[str, Any]:
         pt = (lambda p: {"tokens": p.tokens, "lru_tokens": p.lru_tokens,
                          "predicted_hit_rate": p.predicted_hit_rate, "share_of_ideal": p.share_of_ideal})
@@ -126,7 +144,11 @@ class Regime:
                 "ideal_hit_rate": self.ideal_hit_rate, "floor_tokens": self.floor_tokens,
                 "working_set_tokens": self.working_set_tokens,
                 "returning_distance_median_tokens": self.returning_distance_median_tokens,
-                "ram_model": "inclusive: engine + RAM reach max(engine, RAM) tokens of one LRU tier",
+                "ram_model": "inclusive: engine + RAM reach max(engine, RAM) tokens of one LRU tier that evicts "
+                             "chains tail first, in RAM-only's own send order",
+                "ram_order_share": self.ram_order_share,
+                "ram_curve": {"capacity_tokens": list(self.ram_capacities_tokens),
+                              "token_hit_rate": list(self.ram_hit_rate)},
                 "engine": pt(self.engine), "ram": pt(self.ram), "ssd": pt(self.ssd), "predicted": self.predicted,
                 "predicted_ttft_s": dict(self.predicted_ttft), "predicted_speedup": self.predicted_speedup,
                 "curve": {"capacity_tokens": list(self.capacities_tokens), "token_hit_rate": list(self.hit_rate)}}
@@ -188,11 +210,15 @@ def _ram_by_speedup(caps: np.ndarray, curve: MissRatioCurve, engine: int,
 def choose_capacities(curve: MissRatioCurve, *, floor_tokens: int, working_set_tokens: int,
                       chunk_tokens: int = CHUNK_TOKENS, users: int = 0,
                       returning_distance_median_tokens: float | None = None,
-                      model: TtftModel | None = None) -> Regime:
+                      model: TtftModel | None = None, ram_curve: MissRatioCurve | None = None,
+                      ram_order_share: float | None = None) -> Regime:
     """The three capacities on ``curve`` (capacities in chunks of ``chunk_tokens``); see the module
     docstring. ``model``: mean TTFT at a token hit rate (``regime_for`` builds it from the closed
-    loop), or None. Pure: the same curve (and model) gives the same choice."""
+    loop), or None. ``ram_curve``: the curve RAM-only is sized and predicted on (tail-first eviction in
+    its own send order, ``ram_curve_at``); None: ``curve``. Pure: the same curves (and model) give the
+    same choice."""
     caps, hits = np.asarray(curve.capacities_chunks), np.asarray(curve.hit_rate)
+    rc = curve if ram_curve is None else ram_curve
     ideal = curve.ideal_hit_rate
     at = curve.at
     share = (lambda h: h / ideal if ideal > 0 else 0.0)
@@ -208,12 +234,13 @@ def choose_capacities(curve: MissRatioCurve, *, floor_tokens: int, working_set_t
                         f"request), where the curve predicts a {e_hit:.1%} hit rate (over {VANILLA_MAX:.0%})")
     base_ttft = model.ttft_s(e_hit) if model is not None else None
     speedup = (lambda h: base_ttft / max(1e-9, model.ttft_s(h))) if model is not None and base_ttft else None
+    rcaps = np.asarray(rc.capacities_chunks)
     if speedup is not None:
-        ram = _ram_by_speedup(caps, curve, engine, speedup)
+        ram = _ram_by_speedup(rcaps, rc, engine, speedup)
     else:
-        ram = _largest_at_most(caps, hits, RAM_SHARE * ideal)
+        ram = _largest_at_most(rcaps, np.asarray(rc.hit_rate), RAM_SHARE * ideal)
     ram = max(MIN_RAM_CHUNKS, engine + 1 if ram is None or ram <= engine else ram)
-    r_hit = ram_only_hit_rate(curve, engine, ram)
+    r_hit = ram_only_hit_rate(rc, engine, ram)
     if share(r_hit) > RAM_SHARE_MAX:
         problems.append(f"RAM-only is predicted at {share(r_hit):.0%} of the ideal hit rate even with "
                         f"{ram * chunk_tokens:,} tokens of RAM (over {RAM_SHARE_MAX:.0%})")
@@ -231,10 +258,12 @@ def choose_capacities(curve: MissRatioCurve, *, floor_tokens: int, working_set_t
             problems.append(f"RAM-only is predicted at {r_sp:.2f}x with {ram * chunk_tokens:,} tokens of RAM "
                             f"({share(r_hit):.0%} of the ideal), outside {lo}-{hi}x")
     point = (lambda t, lru, h: CurvePoint(t * chunk_tokens, lru * chunk_tokens, h, share(h)))
+    ram_pts = ((), ()) if ram_curve is None else (tuple(int(c) * chunk_tokens for c in rcaps),
+                                                  tuple(float(h) for h in rc.hit_rate))
     return Regime(tuple(int(c) * chunk_tokens for c in caps), tuple(float(h) for h in hits), ideal,
                   point(engine, engine, e_hit), point(ram, inclusive_reach(engine, ram), r_hit),
                   point(ssd, ssd, s_hit), floor * chunk_tokens, int(working_set_tokens), users,
-                  returning_distance_median_tokens, tuple(problems), ttft)
+                  returning_distance_median_tokens, tuple(problems), ttft, *ram_pts, ram_order_share)
 
 
 def user_candidates(base_users: int, conversations: int | None = None) -> list[int]:
@@ -290,21 +319,23 @@ def _trace(turn_counts: Sequence[int], lists: Sequence[Any], chunk_tokens: int) 
 
 
 def send_order(facts: Any, users: int, profile: Any, think_time_scale: float, hit_share: float = 0.5,
-               out_tokens: int | None = None) -> list[tuple[int, int]]:
+               out_tokens: int | None = None, kv_tokens: int | None = None) -> list[tuple[int, int]]:
     """(conversation, turn) of every request in the order the closed loop of ``users`` sends them
-    (``kvtier.demo.sizing``'s model, ``hit_share`` of the ideal hit cached)."""
+    (``kvtier.demo.sizing``'s model, ``hit_share`` of the ideal hit cached; ``kv_tokens``: the engine's
+    KV space requests queue for, None: no limit)."""
     from kvtier.demo.sizing import closed_loop_seconds, turn_work
 
     sent: list[tuple[int, int]] = []
     closed_loop_seconds(turn_work(profile, facts, think_time_scale, hit_share, out_tokens), users,
-                        profile.decode_step_s, on_send=lambda t, ci, k: sent.append((ci, k)))
+                        profile.decode_step_s, on_send=lambda t, ci, k: sent.append((ci, k)), kv_tokens=kv_tokens)
     return sent
 
 
-def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]],
-                   chunk_tokens: int = CHUNK_TOKENS) -> tuple[MissRatioCurve, float | None]:
+def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]], chunk_tokens: int = CHUNK_TOKENS,
+                   tail_first: bool = False) -> tuple[MissRatioCurve, float | None]:
     """(exact LRU miss-ratio curve of ``trace`` sent in ``order``, median stack distance in tokens of
-    the returning turns' reused prefixes)."""
+    the returning turns' reused prefixes); ``tail_first``: chains evicted from their tail
+    (``kvtier.sim.stackdist``), as kvtier's tiers and vLLM's block pool do."""
     rank = np.full(trace.num_requests, np.nan)
     for i, (ci, k) in enumerate(order):
         rank[int(trace.conv_offsets[ci]) + k] = float(i)
@@ -314,7 +345,7 @@ def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]],
                        trace.turn, trace.prompt_tokens, trace.max_tokens, trace.think_s, rank, trace.hashes,
                        trace.hoffsets)
     stream = access_stream(ordered, chunk_tokens)
-    distances = stack_distances(stream)
+    distances = stack_distances(stream, tail_first=tail_first)
     curve = miss_ratio_curve(stream, chunk_tokens, distances=distances)
     d = distances[0]
     warm = d != COLD
@@ -336,6 +367,7 @@ class SizeCurve:
     floor_tokens: int
     out_tokens: int | None
     chosen: Regime
+    trace: Any = None               # the size's prompts as chunk hashes (``workload_trace``)
 
 
 def size_curve(size: Any, facts: Any, profile: Any, history: str = "live") -> SizeCurve:
@@ -349,22 +381,69 @@ def size_curve(size: Any, facts: Any, profile: Any, history: str = "live") -> Si
     out = None if history == "live" else size.max_tokens
     order = send_order(facts, size.concurrency, profile, size.think_time_scale, out_tokens=out)
     curve, med = curve_in_order(trace, order)
+    ram_curve = curve_in_order(trace, order, tail_first=True)[0]
     floor = max_model_len(engine_size(size, history)) + ENGINE_BLOCK_TOKENS
     chosen = choose_capacities(curve, floor_tokens=floor, working_set_tokens=facts.working_set_tokens,
-                               users=size.concurrency, returning_distance_median_tokens=med)
-    return SizeCurve(curve, med, floor, out, chosen)
+                               users=size.concurrency, returning_distance_median_tokens=med, ram_curve=ram_curve,
+                               ram_order_share=DEFAULT_ORDER_SHARE)
+    return SizeCurve(curve, med, floor, out, chosen, trace)
+
+
+def ram_curve_at(sc: SizeCurve, size: Any, facts: Any, profile: Any, share: float) -> MissRatioCurve:
+    """RAM-only's curve: chains evicted tail first, the prompts in the order the closed loop sends them
+    when every turn gets ``share`` of its ideal hit and requests queue for the engine's KV space."""
+    order = send_order(facts, size.concurrency, profile, size.think_time_scale, share, sc.out_tokens,
+                       sc.chosen.engine.tokens)
+    return curve_in_order(sc.trace, order, tail_first=True)[0]
+
+
+def ram_only_at(sc: SizeCurve, size: Any, facts: Any, profile: Any, ram_tokens: int,
+                engine_tokens: int | None = None) -> tuple[float, float]:
+    """(RAM-only's predicted token hit rate, the share of the ideal its send order was modelled at) for
+    a RAM tier of ``ram_tokens`` beside the engine's KV space (``engine_tokens``, default the chosen
+    one): the same rounds as ``regime_on``, at fixed capacities."""
+    engine = -(-int(engine_tokens if engine_tokens is not None else sc.chosen.engine.tokens) // CHUNK_TOKENS)
+    ram = -(-int(ram_tokens) // CHUNK_TOKENS)
+    ideal = sc.curve.ideal_hit_rate
+    share, hit = sc.chosen.ram.share_of_ideal, 0.0
+    for _ in range(RAM_ORDER_ROUNDS):
+        key = round(share, 2)
+        hit = ram_only_hit_rate(ram_curve_at(sc, size, facts, profile, key), engine, ram)
+        share = hit / ideal if ideal > 0 else 0.0
+        if abs(share - key) <= RAM_ORDER_TOLERANCE:
+            return hit, key
+    return hit, round(share, 2)
 
 
 def regime_on(sc: SizeCurve, size: Any, facts: Any, profile: Any) -> Regime:
     """The capacities on ``sc``'s curve with RAM sized by the closed loop's predicted RAM-only speedup
-    (``kvtier.demo.sizing.LoopModel`` with the engine's KV space), each configuration's mean TTFT predicted."""
+    (``kvtier.demo.sizing.LoopModel`` with the engine's KV space), each configuration's mean TTFT predicted.
+
+    RAM-only is sized and predicted on its own curve (``ram_curve_at``): chains evicted tail first, in
+    the order RAM-only sends its turns, which depends on its hit rate (a hit shortens a turn, so the
+    conversation comes back sooner and its reuse distance shrinks). The order is modelled at the share
+    of the ideal the previous round predicted, until the prediction stays within ``RAM_ORDER_TOLERANCE``
+    of that share (``RAM_ORDER_ROUNDS`` at most). On the recorded 2-vCPU AVX2 run (engine 12 chunks,
+    RAM 22) one plain-LRU curve in one order at half the ideal said 31.4%; the run measured 65.0%."""
     from kvtier.demo.sizing import LoopModel
 
     model = LoopModel(profile, facts, size.concurrency, size.think_time_scale, sc.chosen.engine.tokens,
                       sc.curve.ideal_hit_rate, sc.out_tokens)
-    return choose_capacities(sc.curve, floor_tokens=sc.floor_tokens, working_set_tokens=facts.working_set_tokens,
-                             users=size.concurrency, returning_distance_median_tokens=sc.returning_distance_median_tokens,
-                             model=model)
+    share = sc.chosen.ram.share_of_ideal
+    curves: dict[float, MissRatioCurve] = {}
+    regime = sc.chosen
+    for _ in range(RAM_ORDER_ROUNDS):
+        key = round(share, 2)
+        if key not in curves:
+            curves[key] = ram_curve_at(sc, size, facts, profile, key)
+        regime = choose_capacities(sc.curve, floor_tokens=sc.floor_tokens, working_set_tokens=facts.working_set_tokens,
+                                   users=size.concurrency,
+                                   returning_distance_median_tokens=sc.returning_distance_median_tokens,
+                                   model=model, ram_curve=curves[key], ram_order_share=key)
+        if abs(regime.ram.share_of_ideal - key) <= RAM_ORDER_TOLERANCE:
+            break
+        share = regime.ram.share_of_ideal
+    return regime
 
 
 def regime_for(size: Any, facts: Any, profile: Any, history: str = "live", *, ttft_model: bool = True) -> Regime:

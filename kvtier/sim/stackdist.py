@@ -7,6 +7,20 @@ cold (infinite). Prefix rule: a chunk is only usable if every earlier chunk of i
 is, so an access's effective distance is the running maximum over its request. Hit rate at
 capacity C = tokens of accesses with effective distance < C / all prompt tokens.
 
+Which chunk of a conversation an LRU tier drops first decides what is left of a returning prompt.
+``tail_first=False`` is plain LRU over the stream: a request reads its chunks head first, so the
+head is the least recent and goes first, and the prefix rule then loses the whole prompt while its
+other chunks stay, unusable. kvtier's tiers (``kvtier.eviction``: only leaves, chain tails first)
+and vLLM's block pool (a finished request's blocks are freed tail first) drop a chain from its
+tail, so a returning prompt keeps the head the capacity still holds. ``tail_first=True`` models
+that: every chunk of a request is looked up against the stack as it was when the request came
+(its depth = distinct chunks used since its last use), then the request's chunks are used tail
+first, so a parent is always more recent than its children; a chunk hits iff its running maximum
+depth over the request is below C. LRU stays a stack algorithm in that order, so one pass gives
+the curve for every capacity. On the recorded 2-vCPU AVX2 demo run (engine 12 chunks, RAM 22,
+prompts in the order they were sent) plain LRU says 58.7% and tail-first 66.1%; the run's RAM-only
+hit rate was 65.0% (``tests/unit/test_stackdist_tail_first.py``).
+
 SHARDS (Waldspurger et al., FAST'15): keep only accesses whose key hash falls under
 ``rate * 2^24`` (a spatially hashed sample: all accesses of a sampled key), compute their
 distances, scale by ``1 / rate``. Error vs the exact curve is measured by a test and by
@@ -56,9 +70,10 @@ def access_stream(trace: SimTrace, chunk_size: int) -> AccessStream:
                         int(trace.prompt_tokens.sum()), cu * U)
 
 
-def stack_distances(s: AccessStream, rate: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+def stack_distances(s: AccessStream, rate: float = 1.0, tail_first: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(effective distances in chunks, token weights) of the (sampled) accesses; weights are
-    scaled by ``1 / rate`` so sums estimate the full stream."""
+    scaled by ``1 / rate`` so sums estimate the full stream. ``tail_first``: chains are evicted
+    from their tail (module docstring)."""
     if not 0 < rate <= 1:
         raise ValueError("sample rate must be in (0, 1]")
     if rate < 1:
@@ -66,6 +81,12 @@ def stack_distances(s: AccessStream, rate: float = 1.0) -> tuple[np.ndarray, np.
         keys, req, tok = s.keys[keep], s.req[keep], s.tokens[keep]
     else:
         keys, req, tok = s.keys, s.req, s.tokens
+    if tail_first:
+        out = _tail_first_depths(keys, req)
+        if rate < 1:
+            warm = out != COLD
+            out[warm] = (out[warm] / rate).astype(np.int64)
+        return out, tok.astype(np.float64) / rate
     n = len(keys)
     tree = [0] * (n + 1)
     last: dict[int, int] = {}
@@ -106,6 +127,53 @@ def stack_distances(s: AccessStream, rate: float = 1.0) -> tuple[np.ndarray, np.
     return out, tok.astype(np.float64) / rate
 
 
+def _tail_first_depths(keys: np.ndarray, req: np.ndarray) -> np.ndarray:
+    """Per access, the running maximum (over its request, head first) of its chunk's LRU depth when
+    the request came; the request then uses its chunks tail first. Fenwick tree over use times."""
+    n = len(keys)
+    tree = [0] * (n + 1)
+    last: dict[int, int] = {}
+    out = np.empty(n, dtype=np.int64)
+    klist, rlist = keys.tolist(), req.tolist()
+    live = clock = 0
+    i = 0
+    while i < n:
+        j = i
+        while j < n and rlist[j] == rlist[i]:
+            j += 1
+        run_max = 0
+        for a in range(i, j):                       # depths against the stack as the request found it
+            p = last.get(klist[a])
+            if p is None:
+                d = COLD
+            else:
+                q, pre = p + 1, 0
+                while q > 0:
+                    pre += tree[q]
+                    q -= q & -q
+                d = live - pre
+            run_max = max(run_max, d)
+            out[a] = run_max
+        for a in range(j - 1, i - 1, -1):           # then used tail first: the head ends most recent
+            k = klist[a]
+            p = last.get(k)
+            if p is not None:
+                q = p + 1
+                while q <= n:
+                    tree[q] -= 1
+                    q += q & -q
+                live -= 1
+            q = clock + 1
+            while q <= n:
+                tree[q] += 1
+                q += q & -q
+            live += 1
+            last[k] = clock
+            clock += 1
+        i = j
+    return out
+
+
 @dataclass(frozen=True)
 class MissRatioCurve:
     chunk_bytes: int
@@ -126,9 +194,11 @@ class MissRatioCurve:
 
 
 def miss_ratio_curve(s: AccessStream, chunk_bytes: int, rate: float = 1.0, points: int = 200,
-                     distances: tuple[np.ndarray, np.ndarray] | None = None) -> MissRatioCurve:
-    """The curve of ``s`` (``distances``: its ``stack_distances(s, rate)`` when the caller has them)."""
-    d, w = stack_distances(s, rate) if distances is None else distances
+                     distances: tuple[np.ndarray, np.ndarray] | None = None,
+                     tail_first: bool = False) -> MissRatioCurve:
+    """The curve of ``s`` (``distances``: its ``stack_distances(s, rate, tail_first)`` when the caller
+    has them)."""
+    d, w = stack_distances(s, rate, tail_first) if distances is None else distances
     total = s.total_tokens
     warm = d != COLD
     ideal = float(w[warm].sum() / total) if total else 0.0

@@ -69,7 +69,7 @@ def test_default_sizing_puts_the_three_capacities_on_the_curve(sized):
     assert r.at(r.engine.tokens) == pytest.approx(r.engine.predicted_hit_rate)
     assert 0.2 <= r.ram.share_of_ideal <= RAM_SHARE_MAX
     assert r.ram.tokens > r.engine.tokens and r.ram.lru_tokens == r.ram.tokens      # inclusive RAM: it must exceed the engine
-    assert r.at(r.ram.tokens) == pytest.approx(r.ram.predicted_hit_rate)
+    assert r.ram_at(r.ram.tokens) == pytest.approx(r.ram.predicted_hit_rate)     # RAM-only's own curve
     lo, hi = RAM_SPEEDUP_RANGE
     sp = r.predicted_speedup
     assert lo <= sp["kvtier-ram"] <= hi and sp["kvtier-ram-ssd"] > sp["kvtier-ram"] > 1.0
