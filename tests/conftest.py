@@ -30,3 +30,20 @@ def bundled_model() -> Path:
     from kvtier.model import ensure_model
 
     return ensure_model()
+
+
+@pytest.fixture(scope="session")
+def gemma3_model() -> Path:
+    """The converted gemma-3-270m folder (the second bundled model; converted on first use if needed)."""
+    from kvtier.models import GEMMA3, ensure_model
+
+    return ensure_model(model=GEMMA3)
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """``tiny_model(name) -> Path``: a seeded random-initialised tiny checkpoint (``kvtier.models.tiny.TINY``:
+    mistral-swa, llama-kv4, deepseek-mla, qwen3-next, gemma3-tiny), made once into kvtier's cache."""
+    from kvtier.models.tiny import ensure_tiny
+
+    return ensure_tiny
