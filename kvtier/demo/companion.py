@@ -47,7 +47,8 @@ from kvtier.demo.common import (DEMO_CHUNK_TOKENS, DemoError, DemoOptions, Model
 from kvtier.demo.companion_report import (append_figures_section, append_light_section, plot_regime_safely,
                                           predicted_vs_measured)
 from kvtier.demo.fair import SameRequests, same_requests
-from kvtier.demo.regime import Budgets, Regime, budgets, regime_for, workload_trace
+from kvtier.demo.curve_order import workload_trace
+from kvtier.demo.regime import Budgets, Regime, budgets, regime_for
 from kvtier.demo.live import (LIGHT_USERS, engine_size, light_sizing, replay_options, returning_turns, sent_ideals,
                               work_figures)
 from kvtier.demo.steps import StepBudget, choose_step_budget

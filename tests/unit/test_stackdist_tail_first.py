@@ -17,7 +17,8 @@ from hypothesis import given, settings, strategies as st
 
 from kvtier.demo import companion
 from kvtier.demo.calibrate import PrefillProfile
-from kvtier.demo.regime import (_trace, curve_in_order, ram_only_at, ram_only_hit_rate, send_order, size_curve)
+from kvtier.demo.curve_order import _trace, curve_in_order, send_order
+from kvtier.demo.regime import ram_only_at, ram_only_hit_rate, size_curve
 from kvtier.demo.sizing import TurnFacts, WorkloadFacts
 from kvtier.eviction import EvictionPolicy
 from kvtier.sim.stackdist import AccessStream, miss_ratio_curve, stack_distances
