@@ -51,7 +51,7 @@ def _sched(store, claims, timeout: float = 30):
     s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1, shared_lookup_timeout_s=timeout,
                       metrics=ConnectorMetrics(), claims=claims, worker_key_capacity=1000)
     tables = Tables()
-    s.bind(tables)
+    s.bind(tables.per_group)
     return s, tables
 
 

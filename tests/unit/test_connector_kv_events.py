@@ -253,7 +253,7 @@ def _run_saved_request(hash_fn, store, tokens, shared=False):
     s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1, kv_events=ev)
     store.remote = shared
     table = list(range(len(tokens) // BLOCK + 1))
-    s.bind(lambda req_id: table)
+    s.bind(lambda req_id: (table,))
     req = _request("r", tokens, hash_fn)
     s.after_alloc(req, s.num_new_matched_tokens(req, 0))
     meta = s.build_meta(SimpleNamespace(num_scheduled_tokens={"r": len(tokens)}))

@@ -50,7 +50,7 @@ class GenRequest(FakeRequest):
 def _sched(store, save_generated=True):
     s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1, save_generated=save_generated)
     tables = Tables()
-    s.bind(tables)
+    s.bind(tables.per_group)
     return s, tables
 
 
@@ -97,7 +97,7 @@ def test_decode_saves_generated_chunks_with_the_next_turns_keys():
     assert [c.key for _, c in saves] == chunk_keys(NS, next_turn)[:2]
     assert saves[1][1].parent == saves[0][1].key
     assert saves[1][1].block_ids == tuple(tables("a")[2:4])
-    assert s.finished(req, tables("a")) is False     # everything already saved: free the blocks now
+    assert s.finished(req, (tables("a"),)) is False     # everything already saved: free the blocks now
 
 
 def test_switch_off_saves_prompt_chunks_only():
@@ -108,7 +108,7 @@ def test_switch_off_saves_prompt_chunks_only():
     metas = _generate(s, tables, req, 300)
     chunks = [c for m in metas for c in m.saves]
     assert [c.chunk_index for c in chunks] == [0] and not chunks[0].generated
-    assert s.finished(req, tables("a")) is False
+    assert s.finished(req, (tables("a"),)) is False
 
 
 def test_last_sampled_token_and_drafts_are_never_saved():
@@ -139,7 +139,7 @@ def test_tokens_known_late_are_saved_at_finish_and_blocks_released_after_the_cop
     assert _step(s, tables, req, 1).saves == []       # position 255's id is a placeholder here
     req.output += [99, 2]                             # ...known now; then the last sampled token (EOS)
     table = list(tables("a"))
-    assert s.finished(req, table) is True             # chunk 0 unsaved: keep the blocks
+    assert s.finished(req, (table,)) is True             # chunk 0 unsaved: keep the blocks
     meta = s.build_meta(SimpleNamespace(num_scheduled_tokens={}))
     (chunk,) = meta.saves
     assert chunk.chunk_index == 0 and chunk.block_ids == tuple(table[:2]) and meta.releases == ["a"]
@@ -164,7 +164,7 @@ def test_finish_never_counts_the_last_sampled_token():
     _step(s, tables, req, 200)
     req.output += list(range(1, 57))                  # 256 known tokens; the 256th was just sampled
     req.num_computed_tokens = 256                     # (async: its placeholder step is in flight)
-    assert s.finished(req, tables("a")) is False      # its KV slot holds nothing valid yet
+    assert s.finished(req, (tables("a"),)) is False      # its KV slot holds nothing valid yet
 
 
 def test_release_is_reported_even_when_the_save_fails_or_the_worker_is_disabled():
@@ -218,7 +218,7 @@ def test_saved_generated_kv_loads_back_exactly_for_the_next_turn():
         w.save(m)
         w.end_step()
     assert len(store.puts) == 2
-    s.finished(req, tables("a"))
+    s.finished(req, (tables("a"),))
     turn2 = GenRequest("b", req.all_token_ids + _prompt(30, seed=9))
     s2, tables2 = _sched(store)
     tables2.next = 7
@@ -250,4 +250,4 @@ def test_with_vllms_own_request_class():
     got = [(i, c.chunk_index) for i, step in enumerate(saves) for c in step]
     assert got == [(56, 0), (312, 1)]
     assert [c.key for step in saves for c in step] == chunk_keys(NS, list(req.all_token_ids))[:2]
-    assert s.finished(req, tables("r")) is False
+    assert s.finished(req, (tables("r"),)) is False

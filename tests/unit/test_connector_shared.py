@@ -45,7 +45,7 @@ def _store(tmp: Path, shared: DictSharedTier, mem: bool = True) -> TieredStore:
 def _sched(store, timeout: float = 30):
     s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1, shared_lookup_timeout_s=timeout)
     tables = Tables()
-    s.bind(tables)
+    s.bind(tables.per_group)
     return s, tables
 
 
@@ -187,7 +187,7 @@ def test_worker_reports_ram_evictions_and_always_reports_under_tp(tmp_path: Path
         assert w.take_worker_meta() is not None           # TP>1: a report every step, even empty
         s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1)
         tables = Tables()
-        s.bind(tables)
+        s.bind(tables.per_group)
         stored: list[bytes] = []
         evicted: list[bytes] = []
         for i in range(4):                                # 4 one-chunk prompts, RAM holds 3

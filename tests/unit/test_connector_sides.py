@@ -130,11 +130,15 @@ class Tables:
     def __call__(self, req_id):
         return self.tables[req_id]
 
+    def per_group(self, req_id):
+        """One block table per KV-cache group (one group), as ``KVCacheManager.get_block_ids``."""
+        return (self.tables[req_id],)
+
 
 def _sched(store, **kw):
     s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=kw.pop("min_hit_chunks", 1), **kw)
     tables = Tables()
-    s.bind(tables)
+    s.bind(tables.per_group)
     return s, tables
 
 

@@ -198,7 +198,7 @@ def _sched(store, chunk_nbytes: int, budget: int):
     s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1, shared_lookup_timeout_s=30,
                       chunk_nbytes=chunk_nbytes, prefetch_ram=budget)
     tables = Tables()
-    s.bind(tables)
+    s.bind(tables.per_group)
     return s, tables
 
 

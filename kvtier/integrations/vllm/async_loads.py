@@ -167,6 +167,8 @@ class AsyncLoader:
                 for ch in plan.chunks:
                     done.error_blocks.update(ch.block_ids)
                     done.outcome.failed_tokens += len(ch.block_ids) * self._block_size
+                if plan.whole:
+                    done.outcome.failed_tokens = plan.end_token - plan.start_token
                 try:    # copies it issued before failing must land before vLLM recomputes into the blocks
                     done.event = self._ordering.record()
                 except Exception:
@@ -242,4 +244,8 @@ class AsyncLoader:
             for ch in chunks[failed_at:]:
                 done.error_blocks.update(ch.block_ids)
                 done.outcome.failed_tokens += len(ch.block_ids) * self._block_size
+        if plan.whole:      # parts of several groups: the claim's tokens count once, loaded or failed whole
+            tokens = plan.end_token - plan.start_token
+            done.outcome.loaded_tokens, done.outcome.failed_tokens = (0, tokens) if failed_at is not None \
+                else (tokens, 0)
         return done

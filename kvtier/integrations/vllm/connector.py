@@ -27,6 +27,12 @@ start unless ``connector.on_unsupported`` is ``serve-without-cache``. With layer
 (``connector.load_mode: layerwise``) the connector needs piecewise CUDA graphs
 (``requires_piecewise_for_cudagraph``): a full graph would skip ``wait_for_layer_load``.
 
+Hybrid models: the connector implements ``SupportsHMA``, so vLLM keeps its hybrid KV cache manager on;
+each KV-cache group is one part of every chunk (``cache_groups.py``: sliding-window groups load only
+the blocks vLLM keeps, loads of several groups are asynchronous and fail per request through
+``get_transfer_results``). Groups kvtier cannot serve (Mamba / linear-attention state, ...) are refused
+at start like an unserved layout.
+
 KV events: with vLLM's ``--kv-events-config`` enabled, ``take_events`` (scheduler) returns
 ``BlockStored`` / ``BlockRemoved`` for kvtier's tiers (medium ``CPU`` / ``DISK`` / ``SHARED``)
 with vLLM's block hashes, published by vLLM with its own events (``kv_events.py``).
@@ -44,15 +50,19 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
 )
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.compute import dtype_itemsize, kv_bytes
+from kvtier.integrations.vllm.cache_groups import CacheGroups, UnsupportedGroups, cache_groups
 from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.kv_events import DEFAULT_MAP_CAPACITY, KvEvents
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, metrics_port, serve
-from kvtier.integrations.vllm.namespace import engine_layout, engine_namespace, kv_dtype_name, resolved_layout_name
+from kvtier.integrations.vllm.namespace import (engine_layout, engine_namespace, kv_dtype_name, parallel_ranks,
+                                                resolved_layout_name)
 from kvtier.integrations.vllm.prefetch_reads import PrefetchReader
 from kvtier.integrations.vllm.scheduler_side import RequestLog, SchedulerSide
 from kvtier.integrations.vllm.worker_side import UnsupportedEngine, WorkerSide
@@ -115,7 +125,7 @@ def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
         return 1 << 20
 
 
-class KvtierConnector(KVConnectorBase_V1):
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     _cache_hit_source = CacheHitSource.DISK
 
     def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole,
@@ -135,15 +145,17 @@ class KvtierConnector(KVConnectorBase_V1):
         cfg = self.config
         block_size = int(vllm_config.cache_config.block_size)
         engine = _engine(vllm_config)
-        groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
         reason = ""
+        groups: CacheGroups | None = None
         try:
             layout = engine_layout(vllm_config, kv_cache_config)
         except LayoutError as e:
             layout, reason = LBHNC, str(e)
-        if len(groups) > 1:
-            reason = (f"{len(groups)} KV-cache groups (a hybrid model: sliding-window, linear-attention or "
-                      f"Mamba layers beside full attention); kvtier serves one")
+        try:
+            groups = cache_groups(kv_cache_config)
+        except UnsupportedGroups as e:
+            reason = str(e)
+        self.groups = groups
         self._unsupported = bool(reason)
         self._no_claims = False        # a worker reported it serves without the cache (plans made still run)
         if reason and cfg.connector.on_unsupported != "serve-without-cache":
@@ -153,7 +165,7 @@ class KvtierConnector(KVConnectorBase_V1):
             log.error("kvtier: serving without the cache (%s; connector.on_unsupported: serve-without-cache): %s",
                       engine, reason)
         self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout,
-                                          deployment=cfg.store.deployment)
+                                          deployment=cfg.store.deployment, groups=groups)
         self.metrics = ConnectorMetrics()
         # With vLLM's multiprocess executor (the default on CPU) the worker runs in another
         # process: the scheduler then sees the SSD tier directly and the worker's RAM tier only
@@ -186,7 +198,8 @@ class KvtierConnector(KVConnectorBase_V1):
                 worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
                 shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5,
                 kv_events=self._events, claims=cfg.claims, chunk_nbytes=chunk_bytes,
-                async_read_depth=cfg.connector.async_read_depth, prefetch_ram=cfg.connector.prefetch_ram)
+                async_read_depth=cfg.connector.async_read_depth, prefetch_ram=cfg.connector.prefetch_ram,
+                groups=groups)
             port = metrics_port(cfg.metrics.port, None)
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
@@ -198,7 +211,9 @@ class KvtierConnector(KVConnectorBase_V1):
                                       read_speeds=ReadSpeeds(half_life_s=cfg.claims.half_life_s,
                                                              unavailable_s=cfg.claims.unavailable_s),
                                       layerwise=cfg.connector.load_mode == "layerwise",
-                                      on_unsupported=cfg.connector.on_unsupported, engine=engine)
+                                      on_unsupported=cfg.connector.on_unsupported, engine=engine, groups=groups,
+                                      saves=not (groups is not None and groups.mla
+                                                 and parallel_ranks(vllm_config)[0] != 0))   # MLA: rank 0 writes
             if self._unsupported:
                 self._worker.disabled = reason
             if cfg.connector.prefetch_ram:
@@ -276,6 +291,14 @@ class KvtierConnector(KVConnectorBase_V1):
         sent = self._worker.take_released()     # finished requests whose last saves are copied
         return (sent or None), (done or None)
 
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        """``get_finished``, and the requests whose load of several KV-cache groups failed (vLLM recomputes
+        them: it cannot map failed block ids of several groups back to requests)."""
+        sending, recving = self.get_finished(finished_req_ids)
+        failed = self._worker.take_failed_requests() if self._worker is not None else set()
+        return KVConnectorTransferResults(finished_sending=set(sending or ()),
+                                          finished_recving=set(recving or ()) | failed, failed_recving=failed)
+
     def save_kv_layer(self, layer_name: str, kv_layer: "torch.Tensor", attn_metadata: "AttentionMetadata",
                       **kwargs: Any) -> None:
         return  # whole chunks are copied once, in wait_for_save
@@ -317,7 +340,7 @@ class KvtierConnector(KVConnectorBase_V1):
     def bind_kv_cache_manager(self, kv_cache_manager: "KVCacheManager") -> None:
         super().bind_kv_cache_manager(kv_cache_manager)
         if self._sched is not None:
-            self._sched.bind(lambda req_id: list(kv_cache_manager.get_block_ids(req_id)[0]))
+            self._sched.bind(lambda req_id: kv_cache_manager.get_block_ids(req_id))   # one list per group
 
     def on_new_request(self, request: "Request") -> None:
         if self._sched is not None and not self._unsupported:
@@ -377,4 +400,11 @@ class KvtierConnector(KVConnectorBase_V1):
             return False, None
         # True: an async load still writes the blocks, or their last full chunks are still to be
         # saved (save_generated); the worker's get_finished releases them
+        return self._sched.finished(request, None if self._unsupported else (block_ids,)), None
+
+    def request_finished_all_groups(self, request: "Request",
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, Any] | None]:
+        """``request_finished`` with one block-id list per KV-cache group (vLLM's hybrid KV cache manager)."""
+        if self._sched is None:
+            return False, None
         return self._sched.finished(request, None if self._unsupported else block_ids), None

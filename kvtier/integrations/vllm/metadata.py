@@ -28,13 +28,17 @@ class LoadPlan:
     """One request's load for this step: tokens ``[start_token, end_token)`` in ``chunks``.
 
     ``async_load``: the claim includes chunks of a shared (network) tier: the worker loads it on a
-    background thread and reports the request in ``get_finished`` (vLLM's ``load_kv_async``)."""
+    background thread and reports the request in ``get_finished`` (vLLM's ``load_kv_async``).
+    ``whole``: the chunks are the parts of several KV-cache groups (``cache_groups.py``): the plan
+    loads whole or fails whole, reported per request (vLLM cannot map block ids of several groups
+    back to requests), and its tokens count once however many parts they have."""
 
     req_id: str
     start_token: int
     end_token: int
     chunks: tuple[LoadChunk, ...]
     async_load: bool = False
+    whole: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from kvtier.keys import Namespace
 from kvtier.transfer.page_layout import REQUIRED_LAYOUT, PageLayout, page_layout_of
 
 if TYPE_CHECKING:
+    from kvtier.integrations.vllm.cache_groups import CacheGroups
     from vllm.config import VllmConfig
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
@@ -69,21 +70,36 @@ def check_chunk_size(chunk_size: int, block_size: int) -> None:
 
 
 def engine_namespace(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None",
-                     chunk_size: int, layout: PageLayout | None = None, deployment: str = "") -> Namespace:
-    """The namespace for this engine and rank. Raises NamespaceError on a bad chunk size."""
+                     chunk_size: int, layout: PageLayout | None = None, deployment: str = "",
+                     groups: "CacheGroups | None" = None) -> Namespace:
+    """The namespace for this engine and rank. Raises NamespaceError on a bad chunk size.
+
+    The layout names the payload layout and, beyond one full-attention group, the KV-cache groups
+    (``CacheGroups.signature``: kinds, windows, layers per group), e.g. ``lbhnc/mlax2``: chunks of a
+    model served with and without vLLM's hybrid KV cache manager never alias."""
     block_size = int(vllm_config.cache_config.block_size)
     check_chunk_size(chunk_size, block_size)
     layout = layout or engine_layout(vllm_config, kv_cache_config)
+    signature = groups.signature() if groups is not None else ""
     model = str(vllm_config.model_config.model)
     par = vllm_config.parallel_config
     tp_size, pp_size = int(par.tensor_parallel_size), int(par.pipeline_parallel_size)
-    tp_rank = pp_rank = 0
-    if tp_size > 1 or pp_size > 1:
-        try:
-            from vllm.distributed.parallel_state import get_pp_group, get_tp_group
-            tp_rank, pp_rank = get_tp_group().rank_in_group, get_pp_group().rank_in_group
-        except (AssertionError, ImportError):  # scheduler process: no groups; look up as rank 0
-            tp_rank = pp_rank = 0
+    tp_rank, pp_rank = parallel_ranks(vllm_config)
+    if groups is not None and groups.mla:
+        tp_rank, tp_size = 0, 1     # every TP rank holds the same latent: one set of chunks for all ranks
     return Namespace(model=model, model_fingerprint=weights_fingerprint(model), dtype=kv_dtype_name(vllm_config),
-                     layout=layout.name, block_size=block_size, chunk_size=chunk_size,
-                     tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size, deployment=deployment)
+                     layout=layout.name + (f"/{signature}" if signature else ""), block_size=block_size,
+                     chunk_size=chunk_size, tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size,
+                     deployment=deployment)
+
+
+def parallel_ranks(vllm_config: "VllmConfig") -> tuple[int, int]:
+    """(TP rank, PP rank) of this process; (0, 0) in the scheduler process (it looks up as rank 0)."""
+    par = vllm_config.parallel_config
+    if int(par.tensor_parallel_size) == 1 and int(par.pipeline_parallel_size) == 1:
+        return 0, 0
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+        return get_tp_group().rank_in_group, get_pp_group().rank_in_group
+    except (AssertionError, ImportError):  # scheduler process: no groups
+        return 0, 0

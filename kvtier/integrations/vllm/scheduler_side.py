@@ -36,6 +36,10 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
   reason) once per request, the decision and its inputs logged at DEBUG. When no claim reaching
   into the shared tier would pay off, its query time included, the shared tier is not even asked.
   ``always``: every chunk any tier holds (no estimate is used).
+- Several KV-cache groups (vLLM's hybrid KV cache manager, ``cache_groups.py``): a chunk is held when
+  every one of its parts is (one prefix lookup over the parts' chain); every claim is loaded
+  asynchronously and fails whole (``get_transfer_results`` reports the request, which vLLM then
+  recomputes, and kvtier claims nothing more for it); queue-time prefetch is off.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from kvtier.config import ClaimsConfig
 from kvtier.integrations.vllm.claim_gate import ClaimGate
+from kvtier.integrations.vllm.cache_groups import CacheGroups
 from kvtier.integrations.vllm.claim_policy import ClaimDecision
 from kvtier.integrations.vllm.directory import Directory, RemoteLookups
 from kvtier.integrations.vllm.kv_events import KvEvents
@@ -81,8 +86,10 @@ class SchedulerSide:
                  request_log: RequestLog | None = None, worker_key_capacity: int = 0,
                  shared_lookup_timeout_s: float = 0.5, kv_events: KvEvents | None = None,
                  claims: "ClaimsConfig | None" = None, chunk_nbytes: int = 0, async_read_depth: int = 2,
-                 prefetch_ram: int = 0) -> None:
+                 prefetch_ram: int = 0, groups: CacheGroups | None = None) -> None:
         self.store = store
+        self.groups = groups                # None: one full-attention group (vLLM gave no config yet)
+        self.parts = groups.count if groups is not None else 1
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
         self.block_size = block_size
@@ -96,7 +103,7 @@ class SchedulerSide:
         self._refused: set[str] = set()       # requests not cached: a key field is missing (counted once)
         # What a worker in ANOTHER process reported in its tiers (invisible here otherwise).
         self.directory = Directory(worker_key_capacity)
-        self._block_ids_of = None  # set by bind(); req_id -> list[int] (group 0)
+        self._block_ids_of = None  # set by bind(); req_id -> one block-id list per KV-cache group
         # claims that pay off: the worker's read speeds and forward passes -> the claim policy
         self.gate = ClaimGate(claims or ClaimsConfig(policy="always"), chunk_size=self.chunk_size,
                               chunk_nbytes=chunk_nbytes, async_read_depth=async_read_depth)
@@ -109,10 +116,12 @@ class SchedulerSide:
         self._releasing: dict[str, list[SaveChunk]] = {}   # finished: saves to ship, then free the blocks
         self.kv_events = kv_events if kv_events is not None and kv_events.enabled else None
         self.save_plans = SavePlanner(store, self.directory, namespace, block_size=block_size,
-                                      save_generated=self.save_generated, metrics=metrics, kv_events=self.kv_events)
+                                      save_generated=self.save_generated, metrics=metrics, kv_events=self.kv_events,
+                                      groups=groups)
         # queue-time prefetch of waiting requests' chunks into the worker's RAM (prefetch.py)
         self.prefetch = QueuePrefetch(prefetch_ram, chunk_nbytes, block_size=block_size, chunk_size=self.chunk_size,
-                                      request_log=self.log) if prefetch_ram > 0 and chunk_nbytes > 0 else None
+                                      request_log=self.log) \
+            if prefetch_ram > 0 and chunk_nbytes > 0 and self.parts == 1 else None
 
     def bind(self, block_ids_of) -> None:
         self._block_ids_of = block_ids_of
@@ -168,12 +177,15 @@ class SchedulerSide:
         """Tokens to load beyond ``num_computed_tokens``; None = ask again (the shared tier's
         answer is pending, at most ``shared_lookup_timeout_s``)."""
         st = self._state(request)
-        if st is None or not st.keys:
+        if st is None or not st.keys or st.load_failed:
             return 0
+        parts = self.parts
+        chain = st.parts_chain(parts)
         if st.local_pending is not None:
             n, tiers = st.local_pending
         else:
-            n, tiers = self._available_chunks(st.keys)
+            n, tiers = self._available_chunks(chain)
+            n, tiers = n // parts, tiers[::parts][:n // parts]   # chunks with every part held
         # Whole blocks, and never the prompt's last token (vLLM must compute >= 1 token): the
         # last chunk may be loaded in part, so a full hit leaves the same tail as vLLM's own cache.
         limit = (request.num_prompt_tokens - 1) // self.block_size * self.block_size
@@ -184,7 +196,8 @@ class SchedulerSide:
                 and self._worth_asking(st, request, n, tiers, limit, num_computed_tokens)):
             more = self.prefetch.known_shared(request.request_id, n) if self.prefetch else None
             if more is None:
-                more = self._remote.answer(request.request_id, st.keys, n)
+                more = self._remote.answer(request.request_id, chain, n * parts)
+                more = None if more is None else more // parts
             if more is None:
                 st.local_pending = (n, tiers)
                 return None
@@ -198,7 +211,7 @@ class SchedulerSide:
             hit_tokens = self._paying_tokens(st, request, hit_tokens, num_computed_tokens)
         claim = max(0, hit_tokens - num_computed_tokens)
         st.claim_start, st.claim_end = (num_computed_tokens, hit_tokens) if claim else (0, 0)
-        st.claim_async = claim > 0 and hit_tokens > local * self.chunk_size
+        st.claim_async = claim > 0 and (hit_tokens > local * self.chunk_size or parts > 1)
         if self.metrics:
             self.metrics.lookup()
         return claim
@@ -310,14 +323,15 @@ class SchedulerSide:
         meta.step_tokens, meta.step_span = step_work(scheduled, self._reqs)
         return meta
 
-    def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: RequestState) -> list[int]:
-        """Turn the request's pending load (if any) into a plan in ``meta``; its block table."""
-        table = self._block_ids_of(req_id) if self._block_ids_of else []
+    def _emit_load(self, meta: KvtierConnectorMetadata, req_id: str, st: RequestState) -> Sequence[Sequence[int]]:
+        """Turn the request's pending load (if any) into a plan in ``meta``; its block tables."""
+        table = self._block_ids_of(req_id) if self._block_ids_of else ([],)
         if st.pending_load is None:
             return table
         start, end = st.pending_load
         st.pending_load = None
-        plan = load_plan(req_id, st, start, end, table, block_size=self.block_size, chunk_size=self.chunk_size)
+        plan = load_plan(req_id, st, start, end, table, block_size=self.block_size, chunk_size=self.chunk_size,
+                         groups=self.groups)
         st.pending_async = False
         if plan is not None:
             meta.loads.append(plan)
@@ -328,13 +342,13 @@ class SchedulerSide:
         return table
 
     # -- completion ------------------------------------------------------------------------
-    def finished(self, request: Any, block_ids: Sequence[int] | None = None) -> bool:
+    def finished(self, request: Any, block_ids: Sequence[Sequence[int]] | None = None) -> bool:
         """Drop the request's state; True = vLLM must not free its blocks yet: an asynchronous load
         still writes into them (the worker's ``finished_recving`` releases them), or, with
         ``save_generated``, full chunks of its computed tokens (``block_ids``, vLLM's block table)
         are still unsaved: the next step's metadata ships them with a release, and the worker's
         ``finished_sending`` frees the blocks once it has copied them. The last sampled token has
-        no KV, so at most ``num_tokens - 1`` tokens count."""
+        no KV, so at most ``num_tokens - 1`` tokens count. ``block_ids``: one list per KV-cache group."""
         req_id = request.request_id
         st = self._reqs.pop(req_id, None)
         self._refused.discard(req_id)
@@ -348,7 +362,7 @@ class SchedulerSide:
         if st is not None and self.save_generated and block_ids is not None and st.request is request:
             try:
                 computed = min(request.num_computed_tokens, request.num_tokens - 1)
-                saves = self.save_plans.saves_upto(req_id, st, computed, list(block_ids))
+                saves = self.save_plans.saves_upto(req_id, st, computed, [list(t) for t in block_ids])
             except Exception as e:   # never fail vLLM's finish path for a cache
                 log.warning("kvtier: planning the last saves of %s failed: %s", req_id, e)
                 if self.metrics:
@@ -377,6 +391,7 @@ class SchedulerSide:
             st = self._reqs.get(req_id)
             if o.failed_tokens and st is not None and st.claim_async:
                 st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
+                st.load_failed = self.parts > 1     # several groups: vLLM recomputes the whole request
         if self.prefetch is not None and meta.prefetched:
             self.prefetch.on_done(meta.prefetched, self._reqs)
         if meta.read_speeds:

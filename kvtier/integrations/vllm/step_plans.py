@@ -5,7 +5,9 @@ Contract:
 - ``RequestState``: one request's keys (prompt chunks; with ``save_generated`` grown over generated
   tokens), its last lookup and claim, its pending load and the next chunk to save.
 - ``load_plan``: an admitted claim ``[start, end)`` -> the ``LoadPlan`` of the chunks overlapping
-  it, whole blocks from the request's block table; None (logged) when the table is too short.
+  it, whole blocks from the request's block tables (one per KV-cache group; a chunk of a G-group
+  engine is G parts, ``cache_groups.py``: a sliding-window group loads only the blocks vLLM keeps for
+  ``end``); None (logged) when a table is too short or holds the null block where KV must go.
 - ``SavePlanner.saves_upto``: the chunks to save now: not yet saved, full once ``computed`` tokens
   have KV, their blocks allocated. With ``save_generated`` the request's keys grow with its known
   tokens (``all_token_ids``: prompt + sampled tokens, never spec-decode drafts or async-scheduling
@@ -24,6 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
+from kvtier.integrations.vllm.cache_groups import NULL_BLOCK, CacheGroups, chain_parent, part_key, saveable
 from kvtier.integrations.vllm.directory import Directory
 from kvtier.integrations.vllm.kv_events import KvEvents
 from kvtier.integrations.vllm.metadata import LoadChunk, LoadPlan, SaveChunk
@@ -61,22 +64,45 @@ class RequestState:
     local_pending: tuple[int, tuple[str, ...]] | None = None
     declines_counted: bool = False  # this request's declined chunks were counted (once per request)
     skip_counted: bool = False      # its shared-tier query was skipped and counted
+    load_failed: bool = False       # a load of several KV-cache groups failed: the request recomputes, no claim
+    saves_ended: bool = False       # a chunk could not be saved whole (freed sliding-window blocks)
+    chain: list[bytes] = field(default_factory=list)   # every part's key (several groups), extended with keys
+
+    def parts_chain(self, parts: int) -> list[bytes]:
+        """Every part of every chunk key in chain order (``cache_groups.chain``), extended as keys grow."""
+        if parts == 1:
+            return self.keys      # type: ignore[return-value]
+        while len(self.chain) < len(self.keys) * parts:
+            ci, p = divmod(len(self.chain), parts)
+            self.chain.append(part_key(self.keys[ci], p))
+        return self.chain
 
 
-def load_plan(req_id: str, st: RequestState, start: int, end: int, table: list[int], *,
-              block_size: int, chunk_size: int) -> LoadPlan | None:
-    """The plan loading tokens ``[start, end)`` of ``st`` into the blocks of ``table``."""
+def load_plan(req_id: str, st: RequestState, start: int, end: int, tables: Sequence[Sequence[int]], *,
+              block_size: int, chunk_size: int, groups: CacheGroups | None = None) -> LoadPlan | None:
+    """The plan loading tokens ``[start, end)`` of ``st`` into the blocks of ``tables`` (one block table per
+    KV-cache group). With several groups every part is its own ``LoadChunk``, the plan is asynchronous
+    and ``whole`` (vLLM maps failed block ids back to requests only for one group)."""
     bs, c = block_size, chunk_size
     bpc = c // bs
-    if len(table) < end // bs:
+    parts = groups.count if groups is not None else 1
+    if len(tables) < parts or any(len(t) < end // bs for t in tables[:parts]):
         log.error("kvtier: block table of %s too short for load [%d,%d)", req_id, start, end)
         return None
     chunks = []
     for ci in range(start // c, -(-end // c)):     # chunks overlapping [start, end)
-        first = (max(start, ci * c) - ci * c) // bs
-        last = (min(end, (ci + 1) * c) - ci * c) // bs
-        chunks.append(LoadChunk(bytes(st.keys[ci]), tuple(table[ci * bpc + first:ci * bpc + last]), first))
-    return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async)
+        for g in range(parts):
+            lo = max(groups.load_start(g, start, end) if groups is not None else start, ci * c)
+            hi = min(end, (ci + 1) * c)
+            if lo >= hi:        # a sliding-window group keeps nothing of this chunk for ``end``
+                continue
+            first, last = (lo - ci * c) // bs, (hi - ci * c) // bs
+            ids = tuple(tables[g][ci * bpc + first:ci * bpc + last])
+            if groups is not None and groups.windowed and NULL_BLOCK in ids:
+                log.error("kvtier: the null block in group %d of %s where [%d,%d) must load", g, req_id, start, end)
+                return None
+            chunks.append(LoadChunk(part_key(st.keys[ci], g), ids, first))
+    return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async or parts > 1, whole=parts > 1)
 
 
 def step_work(scheduled: dict[str, int], reqs: dict[str, RequestState]) -> tuple[int, int]:
@@ -97,8 +123,11 @@ class SavePlanner:
     """The chunks of a request to save in a step (see the module's contract)."""
 
     def __init__(self, store: IndexLookup, directory: Directory, namespace: Namespace, *, block_size: int,
-                 save_generated: bool, metrics: "ConnectorMetrics | None", kv_events: KvEvents | None) -> None:
+                 save_generated: bool, metrics: "ConnectorMetrics | None", kv_events: KvEvents | None,
+                 groups: CacheGroups | None = None) -> None:
         self.store = store
+        self.parts = groups.count if groups is not None else 1
+        self.windowed = groups is not None and groups.windowed
         self.directory = directory
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -125,24 +154,32 @@ class SavePlanner:
                     self.metrics.error("generated_key")
         return min(full, len(st.keys))
 
-    def saves_upto(self, req_id: str, st: RequestState, computed: int, table: Sequence[int]) -> list[SaveChunk]:
-        """The chunks to save now: not yet saved, full once ``computed`` tokens have KV, blocks allocated."""
+    def saves_upto(self, req_id: str, st: RequestState, computed: int,
+                   tables: Sequence[Sequence[int]]) -> list[SaveChunk]:
+        """The chunks to save now (every part of each): not yet saved, full once ``computed`` tokens have
+        KV, their blocks allocated in every group's table and none of them vLLM's null block."""
         full = self.full_chunks(st, computed)
-        bpc, prompt = self.blocks_per_chunk, st.request.num_prompt_tokens
+        bpc, prompt, parts = self.blocks_per_chunk, st.request.num_prompt_tokens, self.parts
         out = []
-        while st.next_save_chunk < full:
+        while st.next_save_chunk < full and not st.saves_ended:
             ci = st.next_save_chunk
-            blocks = table[ci * bpc:(ci + 1) * bpc]
-            if len(blocks) < bpc:
+            blocks = [tuple(t[ci * bpc:(ci + 1) * bpc]) for t in tables[:parts]]
+            if len(blocks) < parts or any(len(b) < bpc for b in blocks):
+                break
+            if self.windowed and not all(saveable(b) for b in blocks):
+                st.saves_ended = True      # vLLM freed a sliding window's blocks: the chain would have a gap
+                if self.metrics:
+                    self.metrics.error("save_window_freed")
                 break
             generated = (ci + 1) * self.chunk_size > prompt
             st.next_save_chunk += 1
             if self.kv_events is not None:
                 self.kv_events.remember(bytes(st.keys[ci]), st.request, ci)
-            if generated and self.held(st.keys[ci]):   # e.g. the same reply generated again
+            if generated and self.held(ChunkKey(part_key(st.keys[ci], parts - 1))):   # e.g. the same reply again
                 continue
-            out.append(SaveChunk(req_id, ci, bytes(st.keys[ci]), bytes(st.keys[ci - 1]) if ci else None,
-                                 tuple(blocks), generated=generated))
+            for g in range(parts):
+                out.append(SaveChunk(req_id, ci, part_key(st.keys[ci], g), chain_parent(st.keys, ci, g, parts),
+                                     blocks[g], generated=generated))
         return out
 
     def held(self, key: ChunkKey) -> bool:

@@ -30,6 +30,12 @@ Contract:
   and their failed blocks come with ``take_load_errors`` in the same step. In a step that
   scheduled no tokens (``meta.idle``) ``get_finished`` waits, GIL released, up to
   ``IDLE_WAIT_S`` for a load to finish instead of letting the engine spin.
+- Several KV-cache groups (``cache_groups.py``): the groups' layers overlay the same allocation, so the
+  views of the first group's layers are the views of every group (checked at ``register``: each group's
+  views must be the same tensors); a part is those pages at its own group's block ids. Every plan of such
+  an engine is asynchronous and ``whole``: a failed one is reported per request (``take_failed_requests``,
+  vLLM's ``failed_recving``), never as block ids. With MLA and TP > 1 only rank 0 saves (every rank holds
+  the same latent); every rank loads.
 - ``save`` (from ``wait_for_save``) puts each fully computed chunk (``chunk_saves.py``); the step's
   ``releases`` are done in the next ``get_finished`` (finished_sending), the saves in the metadata.
 - Speeds: every chunk read is timed per tier (``kvtier.read_speed.ReadSpeeds``: the tier the
@@ -57,6 +63,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
 from kvtier.integrations.vllm.async_loads import AsyncLoader
+from kvtier.integrations.vllm.cache_groups import CacheGroups
 from kvtier.integrations.vllm.chunk_saves import ChunkSaves, SaveTarget
 from kvtier.integrations.vllm.layer_loads import LayerwiseLoads
 from kvtier.integrations.vllm.load_times import LoadTimes
@@ -120,8 +127,13 @@ class WorkerSide:
                  promote: str = "background", background_cpus: str = "any", promote_min_hits: int = 2,
                  always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH,
                  kv_events: bool = False, read_speeds: ReadSpeeds | None = None, layerwise: bool = False,
-                 on_unsupported: str = "fail", engine: str = "", streams: Streams | None = None) -> None:
+                 on_unsupported: str = "fail", engine: str = "", streams: Streams | None = None,
+                 groups: CacheGroups | None = None, saves: bool = True) -> None:
         self.store = store
+        self.groups = groups
+        self.per_request_failures = groups is not None and groups.hybrid   # vLLM: failed_recving, not block ids
+        self._failed_requests: set[str] = set()
+        self.saves = saves                               # False: another rank writes the same chunks (MLA, TP)
         self.layout = layout
         self.chunk_size = chunk_size
         self.block_size = block_size
@@ -166,8 +178,11 @@ class WorkerSide:
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
         names = sorted(kv_caches, key=_natural_key)
+        if self.groups is not None and self.groups.hybrid:
+            names = sorted(self.groups.groups[0].layers, key=_natural_key)
         layers = [kv_caches[n] for n in names]
         try:
+            self._check_overlay(kv_caches, layers)
             views = derive_views(layers, self.block_size, expected=self.layout, names=names)
             streams = self._streams if self._streams is not None else streams_for(views.device)
         except (LayoutError, ValueError) as e:
@@ -196,6 +211,24 @@ class WorkerSide:
                  len(layers), views.device, views.layout.name,
                  "one allocation" if views.stacked is not None else "separate tensors", self.shape,
                  self.dtype_name, self.chunk_nbytes)
+
+    def _check_overlay(self, kv_caches: dict[str, "torch.Tensor"], layers: list["torch.Tensor"]) -> None:
+        """With several KV-cache groups: every group's views are the first group's tensors (vLLM overlays
+        the groups in one allocation); ValueError (one line) otherwise."""
+        if self.groups is None or not self.groups.hybrid:
+            return
+
+        def ident(t: "torch.Tensor") -> tuple:
+            return t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype
+
+        first = {ident(t) for t in layers}
+        for gi, grp in enumerate(self.groups.groups[1:], start=1):
+            missing = [n for n in grp.layers if n not in kv_caches]
+            if missing:
+                raise ValueError(f"KV-cache group {gi} layer {missing[0]} was not registered")
+            if {ident(kv_caches[n]) for n in grp.layers} != first:
+                raise ValueError(f"KV-cache group {gi} does not overlay group 0 in vLLM's allocation (its views are "
+                                 f"other tensors)")
 
     def _unsupported(self, reason: str) -> None:
         """This engine cannot be served: fail the start, or serve without the cache when the operator chose so."""
@@ -323,6 +356,8 @@ class WorkerSide:
 
     # -- save ------------------------------------------------------------------------------
     def save(self, meta: KvtierConnectorMetadata) -> None:
+        if not self.saves:
+            return
         self._saves.save(meta, self._save_target if self.disabled is None else None, self._failed_reqs)
 
     def end_step(self) -> None:
@@ -335,7 +370,10 @@ class WorkerSide:
         hears of it in ``get_finished``, which waits for the copies' event)."""
         if self.disabled is not None:
             with self._events_lock:
-                self._async_errors.update(b for ch in plan.chunks for b in ch.block_ids)
+                if plan.whole:
+                    self._failed_requests.add(plan.req_id)
+                else:
+                    self._async_errors.update(b for ch in plan.chunks for b in ch.block_ids)
             self._outcomes[plan.req_id] = LoadOutcome(0, plan.end_token - plan.start_token, "disabled")
             self._failed_async_now.append(plan.req_id)
             return
@@ -396,11 +434,17 @@ class WorkerSide:
             for d in self._async.take_done():
                 done_ids.add(d.req_id)
                 self._outcomes[d.req_id] = d.outcome
-                self._async_errors.update(d.error_blocks)
+                if self.per_request_failures:
+                    if d.outcome.failed_tokens:
+                        with self._events_lock:
+                            self._failed_requests.add(d.req_id)
+                else:
+                    self._async_errors.update(d.error_blocks)
                 self._missing.extend(d.missing)
                 if self.metrics:
-                    self.metrics.loaded(d.outcome.loaded_tokens * self.chunk_nbytes // self.chunk_size,
-                                        d.seconds, d.outcome.loaded_tokens)
+                    nbytes = len(d.loaded) * self.chunk_nbytes if self.per_request_failures \
+                        else d.outcome.loaded_tokens * self.chunk_nbytes // self.chunk_size
+                    self.metrics.loaded(nbytes, d.seconds, d.outcome.loaded_tokens)
                     if d.outcome.error:
                         self.metrics.error("load_" + d.outcome.error)
         return done_ids
@@ -418,6 +462,13 @@ class WorkerSide:
         self._timer.done()
 
     # -- reports -----------------------------------------------------------------------------
+    def take_failed_requests(self) -> set[str]:
+        """Requests whose whole plan (several KV-cache groups) failed since the last call: vLLM recomputes
+        them (``failed_recving``); they are in ``get_finished``'s set of the same step."""
+        with self._events_lock:
+            failed, self._failed_requests = self._failed_requests, set()
+        return failed
+
     def take_load_errors(self) -> set[int]:
         self.finish_layers()
         errors, self._load_errors = self._load_errors, set()

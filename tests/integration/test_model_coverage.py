@@ -1,0 +1,93 @@
+"""Models that are not one full-attention group, served with vLLM's hybrid KV cache manager on: a hit
+from each tier (RAM, SSD in a new process, the shared directory alone in a new process) gives the same
+greedy ids and top-k logprobs as vLLM without kvtier, float32.
+
+- Gemma 3 270M (the second bundled model): 5 sliding-window groups (window 512) + 1 full-attention group
+  of 3 layers each. A 1,100-token prompt's hit at 1,024 tokens loads every full-attention block and only
+  the sliding-window blocks vLLM keeps for token 1,024 (blocks 4-7); a 700-token prompt's hit lies inside
+  the window. vLLM's HMA stays on, and the KV blocks vLLM allocates are the same with and without kvtier.
+
+Each role is a driver process (``model_hit_driver.py``); the engines run one after another.
+Budget: about 3.5 minutes on a 2-core CPU (four Gemma engine starts, ~25 s each, and eight prefills).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.integration.driver_result import driver_result
+from tests.integration.test_connector_e2e import EXACT_TOL, mismatches
+
+pytestmark = pytest.mark.integration
+
+DRIVER = Path(__file__).with_name("model_hit_driver.py")
+BLOCK = 128
+
+
+def _run(role: str, model: Path, out: Path, *extra: str, dtype: str = "float32") -> dict:
+    env = dict(os.environ)
+    env.pop("KVTIER_STORE__DISK__PATH", None)
+    err = out.with_suffix(".stderr")
+    with open(err, "w") as ef:
+        proc = subprocess.Popen([sys.executable, str(DRIVER), role, "--model", str(model), "--dtype", dtype,
+                                 "--out", str(out), *extra], env=env, stdout=subprocess.DEVNULL, stderr=ef, text=True)
+    return driver_result(proc, out, err, f"model driver {role}", 900)["phases"]
+
+
+@pytest.fixture(scope="module")
+def gemma_runs(tmp_path_factory):
+    from kvtier.models import GEMMA3, model_status
+
+    model = GEMMA3.path()
+    if not model_status(model, GEMMA3).ready:
+        pytest.fail(f"the bundled {GEMMA3.name} is not prepared: run `make setup`")
+    tmp = tmp_path_factory.mktemp("gemma")
+    disk, shared = tmp / "disk", tmp / "shared"
+    common = ("--disk", str(disk), "--shared", str(shared))
+    return {"reference": _run("reference", model, tmp / "reference.json"),
+            "writer": _run("writer", model, tmp / "writer.json", *common, "--log", str(tmp / "writer.log")),
+            "ssd": _run("reader", model, tmp / "ssd.json", *common, "--tier", "ssd", "--log", str(tmp / "ssd.log")),
+            "shared": _run("reader", model, tmp / "shared.json", *common, "--tier", "shared",
+                           "--log", str(tmp / "shared.log"))}
+
+
+def _hit(prompt_len: int) -> int:
+    """kvtier's full hit: whole 256-token chunks, cut to whole blocks before the last token."""
+    return min(prompt_len // 256 * 256, (prompt_len - 1) // BLOCK * BLOCK)
+
+
+def _check(reference: dict, phase: dict, claimed: int) -> None:
+    (req,) = phase["requests"]
+    bad = mismatches(reference[req["name"]]["requests"][0], req, EXACT_TOL)
+    assert not bad, (req["name"], bad[:5])
+    claims = [e for e in phase["log"] if e["event"] == "claim"]
+    loads = [e for e in phase["log"] if e["event"] == "load"]
+    assert [c["claimed_tokens"] for c in claims] == ([claimed] if claimed else [])
+    assert [(e["loaded_tokens"], e["failed_tokens"]) for e in loads] == ([(claimed, 0)] if claimed else [])
+    assert req["num_cached_tokens"] == claimed
+    assert phase["vllm"]["vllm:external_prefix_cache_hits"] == claimed
+
+
+def test_gemma_keeps_vllms_hybrid_kv_cache_manager_and_its_memory(gemma_runs):
+    ref, writer = gemma_runs["reference"]["engine"], gemma_runs["writer"]["engine"]
+    assert writer["hma_disabled"] is False
+    kinds = [k for k, _ in writer["groups"]]
+    assert kinds.count("SlidingWindowSpec") == 5 and kinds.count("FullAttentionSpec") == 1
+    assert writer["groups"] == ref["groups"] and writer["num_blocks"] == ref["num_blocks"]
+
+
+@pytest.mark.parametrize("prompt", ["doc_1100", "doc_700"])
+def test_gemma_cold_runs_with_kvtier_match_vllm_alone(gemma_runs, prompt):
+    _check(gemma_runs["reference"], gemma_runs["writer"][f"cold_{prompt}"], 0)
+
+
+@pytest.mark.parametrize("tier, role", [("ram", "writer"), ("ssd", "ssd"), ("shared", "shared")])
+@pytest.mark.parametrize("prompt, length", [("doc_1100", 1100), ("doc_700", 700)])
+def test_gemma_hits_from_every_tier_match_vllm_alone(gemma_runs, tier, role, prompt, length):
+    phase = gemma_runs[role][f"{tier}_{prompt}"]
+    assert phase["reset_ok"] is not False
+    _check(gemma_runs["reference"], phase, _hit(length))
