@@ -18,7 +18,8 @@ from kvtier.demo.companion_report import plot_regime, predicted_vs_measured
 from kvtier.demo.regime import (RAM_SHARE_MAX, RAM_SPEEDUP_RANGE, RAM_SPEEDUP_TARGET, VANILLA_MAX, choose_capacities,
                                 curve_in_order, inclusive_reach, ram_only_hit_rate, regime_for, send_order,
                                 workload_trace)
-from kvtier.demo.sizing import OVER_TARGET, conversation_facts, estimate, scaled, size_companion, WorkloadFacts
+from kvtier.demo.sizing import (MIN_MEAN_REPLY_TOKENS, MIN_REPLY_MEDIAN_TOKENS, OVER_TARGET, conversation_facts, estimate,
+                                scaled, size_companion, WorkloadFacts)
 from kvtier.sim.stackdist import MissRatioCurve
 from kvtier.workload.companion import generate_companion
 from kvtier.workload.format import Workload
@@ -78,6 +79,9 @@ def test_default_sizing_puts_the_three_capacities_on_the_curve(sized):
     assert (b.engine_kv_tokens, b.ram_tokens, b.ssd_tokens) == (r.engine.tokens, r.ram.tokens, r.ssd.tokens)
     assert b.bytes(b.ram_tokens) == r.ram.tokens * 46_080
     assert b.engine_kv_tokens >= companion.max_model_len(companion.engine_size(sized.size, "live")) + 128
+    # a chat's replies: live history sends each turn's max_tokens, 24 tokens or more on average
+    assert sized.size.assistant_tokens >= MIN_REPLY_MEDIAN_TOKENS
+    assert sized.facts.mean_reply_tokens >= MIN_MEAN_REPLY_TOKENS and sized.to_dict()["mean_reply_tokens"] >= 24
 
 
 def test_interleaving_gives_long_reuse_distances(sized):
