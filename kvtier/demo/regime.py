@@ -21,7 +21,17 @@ curve gives the published regime:
   tier of max(engine, RAM) tokens of distinct history, not of their sum (``inclusive_reach``): a RAM
   tier no larger than the engine's KV space adds next to nothing (a 2-vCPU AVX-512 run: engine 2,048
   tokens, RAM 1,792, predicted 22.3% as one LRU of their sum, measured 1.9%; the inclusive model
-  says 4.2%, vanilla's own point, and vanilla measured 2.9%). RAM is sized on that model: with a
+  says 4.2%, vanilla's own point, and vanilla measured 2.9%). RAM-only is read off its own curve
+  (``regime_on``): kvtier's tiers and vLLM's block pool evict a chain from its tail, so a returning
+  conversation keeps the part of its history the capacity still holds (``tail_first`` in
+  ``kvtier.sim.stackdist``; plain LRU drops the head first and loses the whole prompt), and RAM-only's
+  faster turns bring a conversation back sooner, so its curve is computed in the order it sends its
+  turns at its own predicted hit rate. Both held on the recorded 2-vCPU AVX2 run of 2026-12-07: the
+  engine's curve in one order (a run at half the ideal) said 31.4% for its 22-chunk RAM tier, the run
+  measured 65.0%; its recorded reuse distances give 64.3% tail first and 52.4% plain, and the sizing
+  now predicts 62.8% from its prompts. The engine's own point stays on the plain curve: its KV space
+  also holds the running requests' blocks, which the tail-first curve does not take out (it said 7.8%
+  for that run's vanilla, measured 3.3%; the plain curve 3.3%). RAM is sized on that model: with a
   ``speedup`` model (``regime_for``: the closed loop of ``kvtier.demo.closed_loop`` at each
   configuration's predicted hit rate), the smallest RAM whose predicted RAM-only mean-TTFT speedup
   reaches ``RAM_SPEEDUP_TARGET`` (the published ~1.4x), never past ``RAM_SHARE_MAX`` of the ideal;
