@@ -12,6 +12,8 @@ ROLE is one of
              then again after ``reset_prefix_cache`` (a hit from kvtier's RAM)
   reader     kvtier in a new process, RAM off: ``--tier ssd`` reads the writer's SSD directory, ``--tier
              shared`` only the shared directory (no SSD)
+  start      kvtier with RAM (``--on-unsupported`` as given): start the engine, generate once; an engine
+             kvtier refuses ends the process with its error on stderr
 
 Every role reports the engine's facts: vLLM's KV-cache groups (spec kind, layer count), whether the
 hybrid KV cache manager is on, and the number of KV blocks vLLM allocated.
@@ -56,7 +58,7 @@ def _engine_facts(llm) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("role", choices=["reference", "writer", "reader"])
+    ap.add_argument("role", choices=["reference", "writer", "reader", "start"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", required=True)
@@ -64,6 +66,7 @@ def main() -> int:
     ap.add_argument("--shared")
     ap.add_argument("--tier", choices=["ssd", "shared"], default="ssd")
     ap.add_argument("--log")
+    ap.add_argument("--on-unsupported", default="fail")
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
@@ -77,19 +80,23 @@ def main() -> int:
     log_path = Path(args.log) if args.log else None
     if args.role != "reference":
         ram = args.role == "writer"
-        disk = args.role == "writer" or args.tier == "ssd"
+        disk = args.role == "writer" or (args.role == "reader" and args.tier == "ssd")
         store = {"chunk_size": CHUNK, "memory": {"enabled": ram, "capacity": "512MiB"},
                  "disk": {"enabled": disk, "path": args.disk, "capacity": "2GiB", "rescan_interval_s": 0.2}}
         if args.shared and (args.role == "writer" or args.tier == "shared"):
             store["shared"] = {"kind": "sharedfs", "path": args.shared, "capacity": "2GiB", "create": True}
-        kvt = kv_transfer_config({"store": store, "connector": {"request_log": str(log_path) if log_path else None}})
+        kvt = kv_transfer_config({"store": store, "connector": {"request_log": str(log_path) if log_path else None,
+                                                                "on_unsupported": args.on_unsupported}})
     llm = make_llm(args.model, dtype=args.dtype, max_model_len=MAX_MODEL_LEN, kv_transfer_config=kvt,
                    max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=args.role != "reference",
                    seed=0, disable_log_stats=False)
     prompts = _prompts(llm.get_tokenizer())
     ph = cd.Phases(llm, log_path)
     ph.result["engine"] = _engine_facts(llm)
-    if args.role == "reference":
+    if args.role == "start":
+        name, p = next(iter(prompts.items()))
+        ph.run(name, {name: p}, reset_prefix_cache=False)
+    elif args.role == "reference":
         for name, p in prompts.items():
             ph.run(name, {name: p}, reset_prefix_cache=False)
     elif args.role == "writer":

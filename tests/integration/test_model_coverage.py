@@ -13,6 +13,7 @@ Budget: about 3.5 minutes on a 2-core CPU (four Gemma engine starts, ~25 s each,
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -91,3 +92,46 @@ def test_gemma_hits_from_every_tier_match_vllm_alone(gemma_runs, tier, role, pro
     phase = gemma_runs[role][f"{tier}_{prompt}"]
     assert phase["reset_ok"] is not False
     _check(gemma_runs["reference"], phase, _hit(length))
+
+
+# -- seeded random-initialised tiny checkpoints (``kvtier.models.tiny``) ---------------------------------
+# Hits equal a cold recompute in the same engine (its own greedy ids and top-k logprobs).
+TINY = {"mistral-swa": ("float32", "sliding_window256x2"),     # every layer a 256-token window: one group
+        "deepseek-mla": ("float32", "mlax2")}                  # one latent per token (block size 16)
+
+
+@pytest.fixture(scope="module", params=sorted(TINY))
+def tiny_runs(request, tiny_model, tmp_path_factory):
+    name = request.param
+    dtype, _ = TINY[name]
+    model = tiny_model(name)
+    tmp = tmp_path_factory.mktemp(name)
+    disk = ("--disk", str(tmp / "disk"))
+    writer = _run("writer", model, tmp / "writer.json", *disk, "--log", str(tmp / "writer.log"), dtype=dtype)
+    ssd = _run("reader", model, tmp / "ssd.json", *disk, "--tier", "ssd", "--log", str(tmp / "ssd.log"), dtype=dtype)
+    return name, writer, ssd, tmp
+
+
+def test_tiny_models_hits_from_ram_and_ssd_equal_a_cold_recompute(tiny_runs):
+    name, writer, ssd, tmp = tiny_runs
+    block = writer["engine"]["block_size"]
+    for prompt, length in (("doc_1100", 1100), ("doc_700", 700)):
+        cold = {prompt: writer[f"cold_{prompt}"]}
+        hit = min(length // 256 * 256, (length - 1) // block * block)
+        _check(cold, writer[f"ram_{prompt}"], hit)
+        _check(cold, ssd[f"ssd_{prompt}"], hit)
+    namespaces = [json.loads(p.read_text())["namespace"]["layout"] for p in (tmp / "disk").glob("*/namespace.json")]
+    assert namespaces and all(ns.endswith("/" + TINY[name][1]) for ns in namespaces), namespaces
+
+
+def test_a_mamba_hybrid_is_refused_at_start_with_the_reason_and_serves_without_the_cache(tiny_model, tmp_path):
+    """Qwen3-Next-style Gated DeltaNet + attention (bfloat16: vLLM's CPU GDN kernel needs it): vLLM serves it
+    with prefix caching ("align" mode), but kvtier does not store per-chunk Mamba state: refused at start."""
+    model = tiny_model("qwen3-next")
+    with pytest.raises(AssertionError) as failed:
+        _run("start", model, tmp_path / "refused.json", dtype="bfloat16")
+    assert "kvtier cannot serve this engine" in str(failed.value) and "MambaSpec" in str(failed.value)
+    assert "on_unsupported: serve-without-cache" in str(failed.value)
+    served = _run("start", model, tmp_path / "served.json", "--on-unsupported", "serve-without-cache",
+                  dtype="bfloat16")
+    assert served["engine"]["hma_disabled"] is False and len(served["doc_1100"]["requests"][0]["ids"]) == 32

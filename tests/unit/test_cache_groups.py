@@ -336,3 +336,54 @@ def test_one_sliding_window_group_loads_its_window_synchronously_and_never_the_n
     assert not plan.whole and not plan.async_load
     assert [(c.key, c.first_block, c.block_ids) for c in plan.chunks] == [
         (keys[1], 1, tuple(swa[3:4])), (keys[2], 0, tuple(swa[4:6]))]
+
+
+def _engine_config(tp=1):
+    return SimpleNamespace(
+        cache_config=SimpleNamespace(block_size=16, cache_dtype="auto", kv_cache_layout="LBHNC"),
+        model_config=SimpleNamespace(model="m", dtype=torch.bfloat16),
+        parallel_config=SimpleNamespace(tensor_parallel_size=tp, pipeline_parallel_size=1))
+
+
+def test_the_namespace_names_the_groups_and_mla_has_one_for_every_tp_rank(monkeypatch):
+    from kvtier.integrations.vllm import namespace
+
+    plain = namespace.engine_namespace(_engine_config(), None, 256)
+    assert plain.layout == "lbhnc"                                   # one full-attention group: as it always was
+    hybrid = namespace.engine_namespace(_engine_config(), None, 256, groups=cache_groups(_config(_swa(block=16),
+                                                                                                 _full(block=16))))
+    assert hybrid.layout == "lbhnc/sliding_window300x2,fullx2" and hybrid.digest() != plain.digest()
+    mla_groups = cache_groups(_config(MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576,
+                                                       dtype=torch.bfloat16)))
+    monkeypatch.setattr(namespace, "parallel_ranks", lambda cfg: (1, 0))      # the second of two TP ranks
+    rank1 = namespace.engine_namespace(_engine_config(tp=2), None, 256, groups=mla_groups)
+    monkeypatch.setattr(namespace, "parallel_ranks", lambda cfg: (0, 0))
+    rank0 = namespace.engine_namespace(_engine_config(tp=2), None, 256, groups=mla_groups)
+    assert rank0 == rank1 and (rank0.tp_rank, rank0.tp_size) == (0, 1) and rank0.layout == "lbhnc/mlax2"
+    full_rank1 = namespace.engine_namespace(_engine_config(tp=2), None, 256)
+    assert (full_rank1.tp_rank, full_rank1.tp_size) == (0, 2)        # K/V heads split: a namespace per rank
+
+
+def test_chunk_bytes_come_from_vllms_pages_one_latent_for_mla_every_part_for_hybrids():
+    from kvtier.integrations.vllm.connector import _chunk_bytes
+
+    mla = MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    assert _chunk_bytes(None, 256, _config(mla)) == 2 * 576 * 2 * 256          # 2 layers x latent x bf16, no K/V pair
+    assert _chunk_bytes(None, 256, _config(_swa(), _full())) == 2 * (2 * 2 * 8 * 4 * 2) * 256   # 2 parts x 2 layers
+
+
+def test_a_worker_that_does_not_write_saves_nothing():
+    """With MLA and TP > 1 every rank holds the same latent: only rank 0 writes, every rank loads."""
+    from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, SaveChunk
+    from kvtier.integrations.vllm.worker_side import WorkerSide
+    from kvtier.transfer.page_layout import LBHNC
+
+    store = FakeStore()
+    kv = {f"model.layers.{i}.attn": torch.zeros(8, 1, BLOCK, 16) for i in range(2)}
+    meta = KvtierConnectorMetadata()
+    meta.saves.append(SaveChunk("r", 0, b"k" * 32, None, (1, 2)))
+    for writes, puts in ((False, 0), (True, 1)):
+        w = WorkerSide(store, LBHNC, chunk_size=CHUNK, block_size=BLOCK, load_timeout_s=1.0, saves=writes)
+        w.register(kv)
+        w.save(meta)
+        assert len(store.puts) == puts, (writes, store.puts)

@@ -114,8 +114,17 @@ def _engine(vllm_config: "VllmConfig") -> str:
     return f"model {vllm_config.model_config.model}, attention backend {name}"
 
 
-def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int) -> int:
-    """KV bytes of one chunk (all layers) from the model config and the KV dtype, to bound the worker-keys set."""
+def _chunk_bytes(vllm_config: "VllmConfig", chunk_size: int, kv_cache_config: "KVCacheConfig | None" = None) -> int:
+    """KV bytes of one chunk (all layers, every part), to bound the worker-keys set and for the claim policy:
+    from vLLM's KV-cache groups (page bytes x layers, right for MLA's one latent and for hybrid models),
+    else from the model config and the KV dtype."""
+    try:
+        groups = getattr(kv_cache_config, "kv_cache_groups", None)
+        if groups:
+            pages = sum(int(g.kv_cache_spec.page_size_bytes) * len(g.layer_names) for g in groups)
+            return max(1, pages * chunk_size // int(groups[0].kv_cache_spec.block_size))
+    except Exception:  # an exotic spec: the model-config estimate below
+        pass
     try:
         mc = vllm_config.model_config
         return max(1, kv_bytes(mc.get_num_layers(vllm_config.parallel_config),
@@ -184,7 +193,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._events: KvEvents | None = None
         if role == KVConnectorRole.SCHEDULER:
             mem, disk = cfg.store.memory, cfg.store.disk
-            chunk_bytes = _chunk_bytes(vllm_config, self.namespace.chunk_size)
+            chunk_bytes = _chunk_bytes(vllm_config, self.namespace.chunk_size, kv_cache_config)
             local_budget = (mem.capacity if mem.enabled else 0) + (disk.capacity if disk.enabled else 0)
             # every chunk the local tiers can hold, twice over (re-saves, shared-tier writes)
             self._events = KvEvents(enabled=kv_events, chunk_size=self.namespace.chunk_size, block_size=block_size,
