@@ -136,8 +136,27 @@ def saveable(block_ids: Sequence[int]) -> bool:
     return NULL_BLOCK not in block_ids
 
 
+def check_overlay(groups: CacheGroups | None, kv_caches: dict[str, Any], first: Sequence[Any]) -> None:
+    """With several groups: every group's registered views are the first group's tensors ``first`` (vLLM
+    overlays the groups in one allocation); ValueError (one line) otherwise."""
+    if groups is None or not groups.hybrid:
+        return
+
+    def ident(t: Any) -> tuple:
+        return t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype
+
+    want = {ident(t) for t in first}
+    for gi, grp in enumerate(groups.groups[1:], start=1):
+        missing = [n for n in grp.layers if n not in kv_caches]
+        if missing:
+            raise ValueError(f"KV-cache group {gi} layer {missing[0]} was not registered")
+        if {ident(kv_caches[n]) for n in grp.layers} != want:
+            raise ValueError(f"KV-cache group {gi} does not overlay group 0 in vLLM's allocation (its views are "
+                             f"other tensors)")
+
+
 def _group(spec: Any, layers: Sequence[str]) -> CacheGroup:
-    from vllm.v1.kv_cache_interface import (FullAttentionSpec, MLAAttentionSpec, SlidingWindowMLASpec,
+    from vllm.v1.kv_cache_interface import (FullAttentionSpec, MambaSpec, MLAAttentionSpec, SlidingWindowMLASpec,
                                             SlidingWindowSpec, UniformTypeKVCacheSpecs)
 
     if isinstance(spec, UniformTypeKVCacheSpecs):
@@ -162,7 +181,7 @@ def _group(spec: Any, layers: Sequence[str]) -> CacheGroup:
         if getattr(spec, "sliding_window", None) or getattr(spec, "attention_chunk_size", None):
             raise UnsupportedGroups(f"{name} with a window or chunk inside one group is not served")
         return CacheGroup("full", tuple(layers), block)
-    if "Mamba" in name or "Mamba" in " ".join(c.__name__ for c in type(spec).__mro__):
+    if isinstance(spec, MambaSpec):
         raise UnsupportedGroups(
             f"{name} layers (Mamba / linear-attention state: one state per request, which kvtier does not "
             f"store per chunk)")

@@ -63,7 +63,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
 from kvtier.integrations.vllm.async_loads import AsyncLoader
-from kvtier.integrations.vllm.cache_groups import CacheGroups
+from kvtier.integrations.vllm.cache_groups import CacheGroups, check_overlay
 from kvtier.integrations.vllm.chunk_saves import ChunkSaves, SaveTarget
 from kvtier.integrations.vllm.layer_loads import LayerwiseLoads
 from kvtier.integrations.vllm.load_times import LoadTimes
@@ -182,7 +182,7 @@ class WorkerSide:
             names = sorted(self.groups.groups[0].layers, key=_natural_key)
         layers = [kv_caches[n] for n in names]
         try:
-            self._check_overlay(kv_caches, layers)
+            check_overlay(self.groups, kv_caches, layers)
             views = derive_views(layers, self.block_size, expected=self.layout, names=names)
             streams = self._streams if self._streams is not None else streams_for(views.device)
         except (LayoutError, ValueError) as e:
@@ -211,24 +211,6 @@ class WorkerSide:
                  len(layers), views.device, views.layout.name,
                  "one allocation" if views.stacked is not None else "separate tensors", self.shape,
                  self.dtype_name, self.chunk_nbytes)
-
-    def _check_overlay(self, kv_caches: dict[str, "torch.Tensor"], layers: list["torch.Tensor"]) -> None:
-        """With several KV-cache groups: every group's views are the first group's tensors (vLLM overlays
-        the groups in one allocation); ValueError (one line) otherwise."""
-        if self.groups is None or not self.groups.hybrid:
-            return
-
-        def ident(t: "torch.Tensor") -> tuple:
-            return t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype
-
-        first = {ident(t) for t in layers}
-        for gi, grp in enumerate(self.groups.groups[1:], start=1):
-            missing = [n for n in grp.layers if n not in kv_caches]
-            if missing:
-                raise ValueError(f"KV-cache group {gi} layer {missing[0]} was not registered")
-            if {ident(kv_caches[n]) for n in grp.layers} != first:
-                raise ValueError(f"KV-cache group {gi} does not overlay group 0 in vLLM's allocation (its views are "
-                                 f"other tensors)")
 
     def _unsupported(self, reason: str) -> None:
         """This engine cannot be served: fail the start, or serve without the cache when the operator chose so."""
