@@ -28,6 +28,7 @@ from services import READER_MOUNT_OPTIONS, services  # noqa: E402
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--model", default=None, help="the demo's bundled model (kvtier demo longdoc --model)")
     ap.add_argument("--backends", default="sharedfs,valkey,mooncake")
     ap.add_argument("--pool-gib", type=float, default=1.5, help="Mooncake pool size")
     ap.add_argument("--out", type=Path, required=True)
@@ -41,7 +42,7 @@ def main() -> int:
                      () if a.reader_cache else READER_MOUNT_OPTIONS) as ep:
         argv = [sys.executable, "-m", "kvtier.cli", "demo", "longdoc", *ep.longdoc_options(kinds),
                 "--out", str(a.out), *(["--json", str(a.json.resolve())] if a.json else []),
-                *(["--quick"] if a.quick else [])]
+                *(["--quick"] if a.quick else []), *(["--model", a.model] if a.model else [])]
         print("+ kvtier " + " ".join(argv[3:]), flush=True)
         return subprocess.run(argv, env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT).returncode
 

@@ -39,7 +39,9 @@ _BATCHED = typer.Option(None, "--max-num-batched-tokens", min=0, max=65536, help
                         "while others wait). Default (or 0): vLLM's own (2,048 on CPU, no cap).")
 
 
-def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, columns=None) -> None:
+def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, columns=None, sizing=None) -> None:
+    """Run demo ``name``; ``sizing`` (a ``kvtier.demo.longdoc_models.LongDocModel``): the bundled model and
+    its sizes instead of the default model and the module's ``DEFAULT`` / ``QUICK``."""
     import importlib
 
     from kvtier.client.replay import ReplayError
@@ -55,10 +57,10 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, 
     module = importlib.import_module(f"kvtier.demo.{name}")
     try:
         with console.status("preparing the bundled model"):
-            facts = model_facts(ensure_model(), choice.dtype)
+            facts = model_facts(_model_path(sizing), choice.dtype)
         folder = results_dir(out, f"demo-{name}")
         console.print(f"results folder: {folder.resolve()}")
-        size = module.QUICK if opts.quick else module.DEFAULT
+        size = sizing.size(opts.quick) if sizing else module.QUICK if opts.quick else module.DEFAULT
         figures = module.run(size, folder, facts, opts) if columns is None else \
             module.run(size, folder, facts, opts, columns)
     except (DemoError, CalibrationError, ModelError, ReplayError, ServerError, TokenizerError, OSError) as e:
@@ -69,6 +71,17 @@ def _run(name: str, out: Path | None, json_path: Path | None, opts, dtype: str, 
     elif json_path is not None:
         write_json(json_path, figures)
     console.print(f"[green]done[/]: results in {folder.resolve()}")
+
+
+def _model_path(sizing) -> Path:
+    """The converted folder of ``sizing``'s bundled model (None or the default: the default model)."""
+    from kvtier.model import ensure_model
+    from kvtier.models import DEFAULT, bundled
+    from kvtier.models import ensure_model as ensure_bundled
+
+    if sizing is None or sizing.name == DEFAULT.name:
+        return ensure_model()
+    return ensure_bundled(model=bundled(sizing.name))
 
 
 def _options(quick: bool, minutes: float | None, calibration: Path | None, users: int | None = None,
@@ -107,10 +120,21 @@ def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dty
                                                "before each shared-FS hit (e.g. JuiceFS's data directory), "
                                                "comma-separated."),
             valkey: str = typer.Option("", "--valkey", help="Valkey/Redis URL for --shared valkey."),
-            mooncake: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared mooncake."))\
+            mooncake: str = typer.Option("", "--mooncake", help="MASTER,METADATA_URL for --shared mooncake."),
+            model: str = typer.Option("smollm2", "--model", help="The bundled model: smollm2 (~7.6K-token "
+                                      "documents, its 8K context) or gemma3 (gemma-3-270m, ~22K-token documents "
+                                      "in its 32K context: the published >20K regime; a cold prefill takes "
+                                      "minutes)."))\
         -> None:
     """Long-document QA: recompute vs kvtier RAM hit vs kvtier SSD hit in a fresh server (and, with
     --shared or --sharedfs, hits from a shared tier in a fresh server with empty local tiers)."""
+    from kvtier.demo.common import DemoError
+    from kvtier.demo.longdoc_models import longdoc_model
+
+    try:
+        sizing = longdoc_model(model)
+    except DemoError as e:
+        raise typer.BadParameter(str(e), param_hint="--model") from None
     columns = None
     for p, flag in ((sharedfs, "--sharedfs"), (sharedfs_read, "--sharedfs-read")):
         if p is not None and not p.is_dir():
@@ -136,7 +160,7 @@ def longdoc(out: Path = _OUT, json_path: Path = _JSON, quick: bool = _QUICK, dty
     elif sharedfs is not None:
         from kvtier.demo.longdoc import sharedfs_columns
         columns = sharedfs_columns(sharedfs, sharedfs_read or sharedfs)
-    _run("longdoc", out, json_path, _options(quick, None, None), dtype, columns)
+    _run("longdoc", out, json_path, _options(quick, None, None), dtype, columns, sizing)
 
 
 _SLO_QUICK = typer.Option(False, "--quick", help="A smaller run (fewer documents, search capped at 8 users); "

@@ -36,6 +36,7 @@ class LongDocDemoSize:
     doc_tokens: int
     max_prompt_length: int
     seed: int = 11
+    request_timeout_s: float = 300.0      # a request's deadline (a cold prefill of the longest prompt)
 
 
 DEFAULT = LongDocDemoSize(documents=3, doc_tokens=7600, max_prompt_length=8000)
@@ -155,6 +156,15 @@ def _column_json(c: Column) -> dict[str, Any]:
     return d
 
 
+def _cpu() -> dict[str, Any]:
+    """The CPU the figures were measured on (model name, torch's capability, the matmul flags)."""
+    from kvtier.compute import cpu_facts
+
+    f = cpu_facts()
+    return {"model_name": f.model_name, "capability": f.capability, "key_flags": f.key_flags(),
+            "native_bf16": f.native_bf16}
+
+
 HIT_TOKENS = "kvtier_connector_hit_tokens_total"
 SHARED_UNCOUNTED = ("valkey", "mooncake")    # shared tiers whose reads kvtier_store_hits_total does not count
 
@@ -187,13 +197,13 @@ def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float
     return {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
 
 
-def _one(url: str, conv, port: int) -> tuple[Any, dict[str, float], dict[str, float]]:
+def _one(url: str, conv, port: int, timeout_s: float = 300.0) -> tuple[Any, dict[str, float], dict[str, float]]:
     """Send one single-turn conversation: (record, tokens admitted by label, chunks read by tier)."""
     from kvtier.client.stream import ClientOptions
     from kvtier.client.replay import ReplayOptions, replay_conversations
 
     opts = ReplayOptions(mode="closed", concurrency=1, progress=False, client=ClientOptions(
-        extra_body=(("max_tokens", 1),)))
+        request_timeout_s=timeout_s, extra_body=(("max_tokens", 1),)))
     adm0, read0 = _counters(port)
     rec = asyncio.run(replay_conversations([conv], url, opts)).records[0]
     if rec.error_kind:
@@ -214,13 +224,17 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
         columns: Sequence[Column] = COLUMNS) -> dict[str, Any]:
     from kvtier.bench.ttft_engine import evict_page_cache
     from kvtier.config import deep_merge
+    from kvtier.demo.common import check_free_disk
+    from kvtier.demo.longdoc_models import check_fits, tier_sizes
     from kvtier.ports import free_port
     from kvtier.server import ServerError, ServerSpec, VllmServer
     from kvtier.workload.format import write_workload
     from kvtier.workload.longdoc import LongDocSpec, generate_longdoc
     from kvtier.workload.tokens import load_tokenizer
 
-    console.rule("[bold]kvtier demo longdoc: long-document QA")
+    console.rule(f"[bold]kvtier demo longdoc: long-document QA ({facts.path.name})")
+    check_fits(size, facts)
+    tiers = tier_sizes(size, facts)
     tokenizer = load_tokenizer(facts.path)
     spec = LongDocSpec(documents=size.documents, doc_tokens=size.doc_tokens, spread=0.0,
                        max_prompt_length=size.max_prompt_length, questions=len(columns), interleave=1,
@@ -233,8 +247,12 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
         by_doc.setdefault(c.metadata["doc"], []).append(c)
     prompts = {c.id: tokenizer.render_chat(c.chat_messages(0)) for c in convs}
     disk = out / "ssd"
-    base_kv = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": 2 * 2**30},
-                         "disk": {"enabled": True, "path": str(disk), "capacity": 8 * 2**30}}}
+    check_free_disk(out, tiers.documents_bytes * 2)
+    console.print(f"[dim]{size.documents} document(s) of ~{size.doc_tokens} tokens, {facts.dtype}: "
+                  f"{units.nbytes(tiers.documents_bytes)} of KV; kvtier RAM {units.nbytes(tiers.memory_bytes)}, "
+                  f"SSD {units.nbytes(tiers.disk_bytes)}[/]")
+    base_kv = {"store": {"chunk_size": DEMO_CHUNK_TOKENS, "memory": {"capacity": tiers.memory_bytes},
+                         "disk": {"enabled": True, "path": str(disk), "capacity": tiers.disk_bytes}}}
     rows: list[dict[str, Any]] = [{"doc": d} for d in by_doc]
     seeds: dict[str, Any] = {}
     try:
@@ -263,7 +281,7 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
                         if col.seed is not None and col.seed.evict:
                             from kvtier.bench.shared_seed import evict
                             evict(col.seed.evict)
-                        rec, admitted, read = _one(s.base_url, qs[i], port)
+                        rec, admitted, read = _one(s.base_url, qs[i], port, size.request_timeout_s)
                         expected = 0 if col.tier is None else expected_hit_tokens(prompts[qs[i].id],
                                                                                   prompts[qs[0].id])
                         check_hit(col, row["doc"], rec, expected, admitted, read)
@@ -277,7 +295,7 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
         raise DemoError(str(e).splitlines()[0]) from None
     mean = {c.key: statistics.fmean(r[f"{c.key}_s"] for r in rows) for c in columns}
     base_key = columns[0].key
-    t = Table(title=f"long-document QA: TTFT (s), {facts.dtype}")
+    t = Table(title=f"long-document QA: TTFT (s), {facts.path.name}, {facts.dtype}")
     for col in ["document", "prompt tokens", *(c.title for c in columns),
                 *(f"{columns[0].title} / {c.title}" for c in columns[1:])]:
         t.add_column(col, justify="right")
@@ -292,8 +310,8 @@ def run(size: LongDocDemoSize, out: Path, facts: ModelFacts, opts: DemoOptions,
     figures["ram_ttft_ratio"] = figures.get("ram_hit_ttft_ratio")
     figures["recompute_mean_s"] = mean.get("recompute")
     figures.update({"columns": [_column_json(c) for c in columns], "seeds": seeds, "documents": rows,
-                    "dtype": facts.dtype,
-                    "hits_verified": True, "quick": opts.quick, "size": asdict(size)})
+                    "dtype": facts.dtype, "model": facts.path.name, "cpu": _cpu(),
+                    "tiers": asdict(tiers), "hits_verified": True, "quick": opts.quick, "size": asdict(size)})
     write_json(out / "demo-longdoc.json", figures)
     console.print(f"SSD-hit TTFT is [bold]{figures['ttft_ratio'] or 0:.1f}x[/] lower than recompute "
                   f"(RAM hit: {figures['ram_ttft_ratio'] or 0:.1f}x); every hit column loaded the document's "
