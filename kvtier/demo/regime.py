@@ -57,8 +57,8 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from kvtier.demo.curve_order import (CHUNK_TOKENS, curve_in_order, send_order, synthetic_trace,  # noqa: F401
-                                     workload_trace)
+from kvtier.demo.curve_order import (CHUNK_TOKENS, curve_in_order, curves_in_order, send_order,  # noqa: F401
+                                     synthetic_trace, workload_trace)
 from kvtier.sim.stackdist import MissRatioCurve
 
 VANILLA_TARGET = 0.04              # the published plain-vLLM hit rate is ~3%
@@ -310,8 +310,7 @@ def size_curve(size: Any, facts: Any, profile: Any, history: str = "live") -> Si
     trace = trace if trace is not None else synthetic_trace(facts)
     out = None if history == "live" else size.max_tokens
     order = send_order(facts, size.concurrency, profile, size.think_time_scale, out_tokens=out)
-    curve, med = curve_in_order(trace, order)
-    ram_curve = curve_in_order(trace, order, tail_first=True)[0]
+    curve, med, ram_curve = curves_in_order(trace, order)
     floor = max_model_len(engine_size(size, history)) + ENGINE_BLOCK_TOKENS
     chosen = choose_capacities(curve, floor_tokens=floor, working_set_tokens=facts.working_set_tokens,
                                users=size.concurrency, returning_distance_median_tokens=med, ram_curve=ram_curve,

@@ -135,9 +135,10 @@ class WorkloadFacts:
 
     @property
     def mean_reply_tokens(self) -> float | None:
-        """Mean tokens a turn generates in live history (its ``max_tokens`` as sent); None without turns."""
+        """Mean tokens a turn generates in live history (its ``max_tokens`` as sent); None when no turn
+        carries its reply length (facts made without one)."""
         outs = [t.out_tokens for c in self.conversations for t in c]
-        return sum(outs) / len(outs) if outs else None
+        return sum(outs) / len(outs) if any(outs) else None
 
 
 @dataclass(frozen=True)
