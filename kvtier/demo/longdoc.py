@@ -161,7 +161,7 @@ def _cpu() -> dict[str, Any]:
     from kvtier.compute import cpu_facts
 
     f = cpu_facts()
-    return {"model_name": f.model_name, "capability": f.capability, "key_flags": f.key_flags(),
+    return {"model_name": f.model_name, "capability": f.capability, "key_flags": f.key_flags,
             "native_bf16": f.native_bf16}
 
 

@@ -94,3 +94,14 @@ def test_the_model_option_reaches_the_demo(tmp_path, monkeypatch, args, name):
     assert res.exit_code == 0, res.output
     assert seen["demo"] == "longdoc" and seen["sizing"].name == name
     assert seen["sizing"].size(seen["quick"]) is (seen["sizing"].quick if "--quick" in args else seen["sizing"].default)
+
+
+def test_the_records_name_the_cpu_they_were_measured_on():
+    import json as _json
+
+    from kvtier.compute import cpu_facts
+    from kvtier.demo.longdoc import _cpu
+
+    cpu = _cpu()
+    assert cpu["model_name"] == cpu_facts().model_name and cpu["key_flags"] == cpu_facts().key_flags
+    assert isinstance(cpu["native_bf16"], bool) and _json.loads(_json.dumps(cpu)) == cpu
