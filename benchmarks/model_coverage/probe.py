@@ -57,6 +57,21 @@ def _groups(llm) -> tuple[list[dict], bool, bool]:
     return groups, hma_off, core.vllm_config.cache_config.enable_prefix_caching
 
 
+def _layer_tensors(llm, groups: list[dict]) -> dict[str, dict]:
+    """Shape, strides and dtype of the first layer's registered KV tensor(s) per group (TP = 1 only)."""
+    runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+    ctx = runner.vllm_config.compilation_config.static_forward_context
+    out = {}
+    for g in groups:
+        name = next(n for n in ctx if n.endswith(g["layer_names"][0]))
+        kv = ctx[name].kv_cache
+        kv = kv[0] if isinstance(kv, list) and kv and isinstance(kv[0], (list, tuple)) else kv
+        tensors = list(kv) if isinstance(kv, (list, tuple)) else [kv]
+        out[g["layer_names"][0]] = [{"shape": list(t.shape), "stride": list(t.stride()), "dtype": str(t.dtype)}
+                                    for t in tensors]
+    return out
+
+
 def kv_bytes_per_token(groups: list[dict]) -> int:
     """Bytes of KV per token over every attention layer (a state group holds no per-token KV)."""
     return sum(g["page_size_bytes"] * g["layers"] // g["block_size"] for g in groups if g["shapes"] is None)
@@ -91,6 +106,11 @@ def run(a: argparse.Namespace) -> dict:
         try:
             rec["groups"], rec["hma_disabled"], rec["prefix_caching"] = _groups(llm)
             rec["kv_bytes_per_token"] = kv_bytes_per_token(rec["groups"])
+            if a.tp == 1:
+                try:
+                    rec["layer_tensors"] = _layer_tensors(llm, rec["groups"])
+                except (AttributeError, StopIteration, TypeError) as e:
+                    rec["layer_tensors_error"] = f"{type(e).__name__}: {e}"
         except AttributeError as e:                           # engine core in another process (TP): no groups
             rec["groups_error"] = f"{type(e).__name__}: {e}"
         sp = SamplingParams(temperature=0.0, max_tokens=OUT_TOKENS, logprobs=1)
