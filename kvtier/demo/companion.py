@@ -376,7 +376,8 @@ def print_size(sizing: Sizing, b: Budgets, bound: float, facts: ModelFacts, hist
                       f"{regime.returning_distance_median_tokens or 0:,.0f} tokens): predicted token hit rate vanilla "
                       f"{units.percent(p['vanilla'])}, RAM-only {units.percent(p['kvtier-ram'])}, RAM+SSD "
                       f"{units.percent(p['kvtier-ram-ssd'])} (ideal {units.percent(regime.ideal_hit_rate)}; RAM is "
-                      f"inclusive: engine + RAM reach max(engine, RAM))")
+                      f"inclusive: engine + RAM reach max(engine, RAM); RAM-only read off its own curve: chains "
+                      f"evicted tail first, its own send order)")
         sp = regime.predicted_speedup
         if sp:
             console.print(f"closed-loop model (requests queue for the engine's {regime.engine.tokens:,}-token KV space): "

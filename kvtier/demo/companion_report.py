@@ -28,6 +28,9 @@ def plot_regime(regime: Any, path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.step(regime.capacities_tokens, regime.hit_rate, where="post", label="one LRU tier (exact stack distances)")
+    if getattr(regime, "ram_hit_rate", ()):
+        ax.step(regime.ram_capacities_tokens, regime.ram_hit_rate, where="post", color="tab:orange", alpha=0.6,
+                label="RAM-only's curve (tail-first eviction, its own send order)")
     ax.axhline(regime.ideal_hit_rate, ls=":", color="gray", label=f"ideal {regime.ideal_hit_rate:.1%}")
     points = (regime.engine, regime.ram, regime.ssd)
     for (name, p), color in zip(zip(LABELS, points), ("tab:red", "tab:orange", "tab:green")):
@@ -100,7 +103,8 @@ def regime_lines(regime: Any, plot: str | None) -> list[str]:
              f"{regime.returning_distance_median_tokens or 0:,.0f} tokens",
              f"- vanilla: engine KV {regime.engine.tokens:,} tokens, predicted hit {fmt_pct(regime.engine.predicted_hit_rate)}",
              f"- RAM-only: RAM {regime.ram.tokens:,} tokens (reach with the engine, inclusive: {regime.ram.lru_tokens:,}), predicted "
-             f"{fmt_pct(regime.ram.predicted_hit_rate)} = {fmt_pct(regime.ram.share_of_ideal)} of the ideal",
+             f"{fmt_pct(regime.ram.predicted_hit_rate)} = {fmt_pct(regime.ram.share_of_ideal)} of the ideal"
+             + _ram_curve_words(regime),
              f"- RAM+SSD: SSD {regime.ssd.tokens:,} tokens, predicted {fmt_pct(regime.ssd.predicted_hit_rate)}",
              "- the RAM tier is inclusive (every computed chunk is written through), so engine + RAM reach "
              "max(engine, RAM) tokens of distinct history, not their sum"]
@@ -113,6 +117,15 @@ def regime_lines(regime: Any, plot: str | None) -> list[str]:
     if plot:
         lines += ["", f"![miss-ratio curve]({plot})"]
     return lines + [""]
+
+
+def _ram_curve_words(regime: Any) -> str:
+    """How RAM-only's prediction was read: its own curve (tail-first eviction, its own send order)."""
+    share = getattr(regime, "ram_order_share", None)
+    if not getattr(regime, "ram_hit_rate", ()) or share is None:
+        return ""
+    return (f", on its own curve: chains evicted tail first (kvtier's tiers and vLLM's block pool), turns in "
+            f"the order a run at {fmt_pct(share)} of the ideal sends them")
 
 
 def append_lines(report: Path, lines: list[str]) -> None:
