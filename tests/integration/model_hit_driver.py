@@ -45,7 +45,8 @@ def _engine_facts(llm) -> dict:
     """vLLM's groups, HMA on or off, KV blocks (the in-process engine's scheduler)."""
     cfg = llm.llm_engine.vllm_config
     facts = {"hma_disabled": cfg.scheduler_config.disable_hybrid_kv_cache_manager,
-             "num_blocks": cfg.cache_config.num_gpu_blocks, "block_size": cfg.cache_config.block_size}
+             "num_blocks": cfg.cache_config.num_gpu_blocks, "block_size": cfg.cache_config.block_size,
+             "chunked_prefill": cfg.scheduler_config.enable_chunked_prefill}
     core = getattr(llm.llm_engine, "engine_core", None)
     core = getattr(core, "engine_core", core)
     sched = getattr(core, "scheduler", None)

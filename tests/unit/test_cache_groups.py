@@ -316,9 +316,10 @@ def test_groups_that_do_not_overlay_are_refused_at_register():
     assert "does not overlay" in served.disabled
 
 
-def test_one_sliding_window_group_loads_its_window_synchronously_and_never_the_null_block():
-    """A model whose every layer has a sliding window (one group, e.g. Mistral's): no parts, a synchronous
-    load, and still only the blocks vLLM keeps for the hit."""
+def test_one_sliding_window_group_loads_only_its_window_and_whole():
+    """A model whose every layer has a sliding window (one group, e.g. Mistral's): no parts, only the blocks
+    vLLM keeps for the hit, and a load that fails whole (cut at a failed block, vLLM would recompute from a
+    point whose window holds null blocks)."""
     store, tokens = FakeStore(), _prompt(1000)
     keys = chunk_keys(NS, tokens)
     for k in keys[:3]:
@@ -328,12 +329,12 @@ def test_one_sliding_window_group_loads_its_window_synchronously_and_never_the_n
     tables = GroupTables()
     s.bind(lambda rid: tables(rid)[:1])
     req = FakeRequest("a", tokens)
-    assert s.num_new_matched_tokens(req, 0) == 768 and s.load_async(req) is False
+    assert s.num_new_matched_tokens(req, 0) == 768 and s.load_async(req) is True
     s.after_alloc(req, 768)
     tables.alloc("a", 768, null_before=one.groups[0].first_needed_block(768))
     (plan,) = s.build_meta(SimpleNamespace(num_scheduled_tokens={"a": 232})).loads
     swa = tables("a")[0]
-    assert not plan.whole and not plan.async_load
+    assert plan.whole and plan.async_load
     assert [(c.key, c.first_block, c.block_ids) for c in plan.chunks] == [
         (keys[1], 1, tuple(swa[3:4])), (keys[2], 0, tuple(swa[4:6]))]
 
@@ -387,3 +388,18 @@ def test_a_worker_that_does_not_write_saves_nothing():
         w.register(kv)
         w.save(meta)
         assert len(store.puts) == puts, (writes, store.puts)
+
+
+def test_mla_on_the_reference_cpu_kernel_is_refused_and_elsewhere_served():
+    from kvtier.integrations.vllm.cache_groups import cpu_mla_refusal
+
+    mla = cache_groups(_config(MLAAttentionSpec(block_size=16, num_kv_heads=1, head_size=576, dtype=torch.float32)))
+
+    def cfg(device, chunked):
+        return SimpleNamespace(device_config=SimpleNamespace(device_type=device),
+                               scheduler_config=SimpleNamespace(enable_chunked_prefill=chunked))
+
+    assert "no prefill over a cached context" in cpu_mla_refusal(mla, cfg("cpu", False))
+    assert cpu_mla_refusal(mla, cfg("cpu", True)) == ""           # AMX MLA kernels: chunked prefill stays on
+    assert cpu_mla_refusal(mla, cfg("cuda", False)) == ""
+    assert cpu_mla_refusal(cache_groups(_config(_full())), cfg("cpu", False)) == ""

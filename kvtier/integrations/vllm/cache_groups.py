@@ -93,6 +93,13 @@ class CacheGroups:
         return any(g.kind == "sliding_window" for g in self.groups)
 
     @property
+    def loads_whole(self) -> bool:
+        """Loads must succeed or fail whole, reported per request: with several groups vLLM cannot map
+        failed block ids back to requests, and with a sliding window a load cut at a failed block would
+        leave vLLM recomputing from a point whose window holds null blocks."""
+        return self.hybrid or self.windowed
+
+    @property
     def mla(self) -> bool:
         return any(g.kind == "mla" for g in self.groups)
 
@@ -134,6 +141,19 @@ def chain_parent(keys: Sequence[bytes], ci: int, part: int, parts: int) -> bytes
 def saveable(block_ids: Sequence[int]) -> bool:
     """Whether a part's blocks all hold KV (none is vLLM's null block)."""
     return NULL_BLOCK not in block_ids
+
+
+def cpu_mla_refusal(groups: CacheGroups | None, vllm_config: Any) -> str:
+    """Why an MLA engine on the CPU cannot use a loaded prefix ("" when it can): vLLM's reference CPU MLA
+    attention computes no prefill over a cached context, so vLLM turns chunked prefill and prefix caching
+    off for it (``vllm/platforms/cpu.py``; the AMX MLA kernels keep both on)."""
+    if groups is None or not groups.mla:
+        return ""
+    device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "")
+    if device == "cpu" and not getattr(vllm_config.scheduler_config, "enable_chunked_prefill", True):
+        return ("MLA on vLLM's reference CPU attention, which computes no prefill over a cached context (vLLM "
+                "turned chunked prefill and prefix caching off for it): a loaded prefix would give wrong outputs")
+    return ""
 
 
 def check_overlay(groups: CacheGroups | None, kv_caches: dict[str, Any], first: Sequence[Any]) -> None:

@@ -56,7 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from kvtier.compute import dtype_itemsize, kv_bytes
-from kvtier.integrations.vllm.cache_groups import CacheGroups, UnsupportedGroups, cache_groups
+from kvtier.integrations.vllm.cache_groups import CacheGroups, UnsupportedGroups, cache_groups, cpu_mla_refusal
 from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.kv_events import DEFAULT_MAP_CAPACITY, KvEvents
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
@@ -173,7 +173,17 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if reason:
             log.error("kvtier: serving without the cache (%s; connector.on_unsupported: serve-without-cache): %s",
                       engine, reason)
-        self.namespace = engine_namespace(vllm_config, kv_cache_config, cfg.store.chunk_size, layout,
+        if not reason:
+            reason = cpu_mla_refusal(groups, vllm_config)
+            self._unsupported = bool(reason)
+            if reason and cfg.connector.on_unsupported != "serve-without-cache":
+                raise UnsupportedEngine(f"kvtier cannot serve this engine ({engine}): {reason}. To run without "
+                                        f"kvtier's cache, set connector.on_unsupported: serve-without-cache")
+        store_cfg = cfg.store
+        if self._unsupported and store_cfg.chunk_size % block_size:
+            # served without the cache: any chunk size the engine's blocks divide (nothing is stored)
+            store_cfg = store_cfg.model_copy(update={"chunk_size": block_size * max(1, store_cfg.chunk_size // block_size)})
+        self.namespace = engine_namespace(vllm_config, kv_cache_config, store_cfg.chunk_size, layout,
                                           deployment=cfg.store.deployment, groups=groups)
         self.metrics = ConnectorMetrics()
         # With vLLM's multiprocess executor (the default on CPU) the worker runs in another
@@ -181,7 +191,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         # through the keys the worker reports, so it opens no RAM tier of its own.
         backend = str(getattr(vllm_config.parallel_config, "distributed_executor_backend", "") or "")
         self._worker_elsewhere = role == KVConnectorRole.SCHEDULER and backend != "uni"
-        store_cfg = cfg.store
         if self._worker_elsewhere and store_cfg.memory.enabled:
             store_cfg = store_cfg.model_copy(update={"memory": store_cfg.memory.model_copy(update={"enabled": False})})
         self.store = shared_store(store_cfg, self.namespace)
@@ -211,7 +220,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 groups=groups)
             port = metrics_port(cfg.metrics.port, None)
         else:
-            self._worker = WorkerSide(self.store, layout, chunk_size=cfg.store.chunk_size, block_size=block_size,
+            self._worker = WorkerSide(self.store, layout, chunk_size=store_cfg.chunk_size, block_size=block_size,
                                       load_timeout_s=cfg.connector.load_timeout_s, metrics=self.metrics,
                                       promote=cfg.connector.promote, background_cpus=cfg.connector.background_cpus,
                                       promote_min_hits=cfg.connector.promote_min_hits,

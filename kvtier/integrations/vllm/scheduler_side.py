@@ -37,9 +37,10 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
   into the shared tier would pay off, its query time included, the shared tier is not even asked.
   ``always``: every chunk any tier holds (no estimate is used).
 - Several KV-cache groups (vLLM's hybrid KV cache manager, ``cache_groups.py``): a chunk is held when
-  every one of its parts is (one prefix lookup over the parts' chain); every claim is loaded
-  asynchronously and fails whole (``get_transfer_results`` reports the request, which vLLM then
-  recomputes, and kvtier claims nothing more for it); queue-time prefetch is off.
+  every one of its parts is (one prefix lookup over the parts' chain); queue-time prefetch is off. With
+  several groups or a sliding window every claim is loaded asynchronously and fails whole
+  (``get_transfer_results`` reports the request, which vLLM then recomputes, and kvtier claims nothing
+  more for it).
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class SchedulerSide:
         self.store = store
         self.groups = groups                # None: one full-attention group (vLLM gave no config yet)
         self.parts = groups.count if groups is not None else 1
+        self.loads_whole = groups is not None and groups.loads_whole
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
         self.block_size = block_size
@@ -211,7 +213,7 @@ class SchedulerSide:
             hit_tokens = self._paying_tokens(st, request, hit_tokens, num_computed_tokens)
         claim = max(0, hit_tokens - num_computed_tokens)
         st.claim_start, st.claim_end = (num_computed_tokens, hit_tokens) if claim else (0, 0)
-        st.claim_async = claim > 0 and (hit_tokens > local * self.chunk_size or parts > 1)
+        st.claim_async = claim > 0 and (hit_tokens > local * self.chunk_size or self.loads_whole)
         if self.metrics:
             self.metrics.lookup()
         return claim
@@ -391,7 +393,7 @@ class SchedulerSide:
             st = self._reqs.get(req_id)
             if o.failed_tokens and st is not None and st.claim_async:
                 st.remote_failed = True   # vLLM retries the request: recompute, do not wait on the tier again
-                st.load_failed = self.parts > 1     # several groups: vLLM recomputes the whole request
+                st.load_failed = self.loads_whole   # vLLM recomputes the whole request (failed_recving)
         if self.prefetch is not None and meta.prefetched:
             self.prefetch.on_done(meta.prefetched, self._reqs)
         if meta.read_speeds:

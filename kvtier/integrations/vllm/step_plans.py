@@ -81,8 +81,8 @@ class RequestState:
 def load_plan(req_id: str, st: RequestState, start: int, end: int, tables: Sequence[Sequence[int]], *,
               block_size: int, chunk_size: int, groups: CacheGroups | None = None) -> LoadPlan | None:
     """The plan loading tokens ``[start, end)`` of ``st`` into the blocks of ``tables`` (one block table per
-    KV-cache group). With several groups every part is its own ``LoadChunk``, the plan is asynchronous
-    and ``whole`` (vLLM maps failed block ids back to requests only for one group)."""
+    KV-cache group). With several groups every part is its own ``LoadChunk``; with several groups or a
+    sliding window the plan is asynchronous and ``whole`` (``CacheGroups.loads_whole``)."""
     bs, c = block_size, chunk_size
     bpc = c // bs
     parts = groups.count if groups is not None else 1
@@ -102,7 +102,8 @@ def load_plan(req_id: str, st: RequestState, start: int, end: int, tables: Seque
                 log.error("kvtier: the null block in group %d of %s where [%d,%d) must load", g, req_id, start, end)
                 return None
             chunks.append(LoadChunk(part_key(st.keys[ci], g), ids, first))
-    return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async or parts > 1, whole=parts > 1)
+    whole = groups is not None and groups.loads_whole
+    return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async or whole, whole=whole)
 
 
 def step_work(scheduled: dict[str, int], reqs: dict[str, RequestState]) -> tuple[int, int]:

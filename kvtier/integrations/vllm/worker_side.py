@@ -131,7 +131,7 @@ class WorkerSide:
                  groups: CacheGroups | None = None, saves: bool = True) -> None:
         self.store = store
         self.groups = groups
-        self.per_request_failures = groups is not None and groups.hybrid   # vLLM: failed_recving, not block ids
+        self.per_request_failures = groups is not None and groups.loads_whole   # vLLM: failed_recving, not block ids
         self._failed_requests: set[str] = set()
         self.saves = saves                               # False: another rank writes the same chunks (MLA, TP)
         self.layout = layout
