@@ -248,3 +248,30 @@ def test_jobs_through_vllms_tiering_manager(tmp_path):
         del prim
         view = None
         manager.shutdown()
+
+
+def test_a_stalled_ssd_fails_the_load_within_its_deadline_and_the_key_is_a_miss_until_stored_again(tmp_path):
+    """kvtier's drill (``store.faults``): after the two writes every SSD call stalls for 30 s. The
+    load job fails at the load deadline (0.3 s), the chunk stays in the SSD index, and the tier
+    answers MISS for it (not HIT: vLLM would promote it again and again) until it is stored again."""
+    e = rig.entry(kvtier_config={"store": {"disk": {"enabled": True, "path": str(tmp_path / "ssd")},
+                                           "faults": {"kind": "faulty", "wraps": "disk", "stall_after": 2,
+                                                      "stall_s": 30.0}},
+                                 "connector": {"load_timeout_s": 0.3}})
+    tier, arr = rig.build_tier(e)
+    try:
+        ks = rig.keys(2, seed=13)
+        rig.fill(arr, [0, 1], seed=14)
+        tier.submit_store(rig.job(1, ks, [0, 1], promotion=False))
+        assert rig.finished(tier)[0].success
+        t0 = time.monotonic()
+        tier.submit_load(rig.job(2, ks, [4, 5], promotion=True))
+        [res] = rig.finished(tier, timeout=60)
+        waited = time.monotonic() - t0
+        assert not res.success and not res.successful_keys
+        assert waited < 30.0, f"the load waited out the stall ({waited:.1f} s), not its deadline"
+        assert all(tier.store.where(tier.keymap.chunk_key(k)) == "disk" for k in ks)   # still indexed
+        assert [tier.lookup(k, REQ) for k in ks] == [LookupResult.MISS] * 2
+    finally:
+        tier.jobs.drain()
+        tier.store.close()
