@@ -98,7 +98,9 @@ def test_a_connector_store_on_the_same_directory_never_sees_the_tiers_chunks(tmp
 def test_the_key_map_remembers_recent_keys_for_events():
     km = KeyMap(NS, capacity=2)
     a, b, c = (make_offload_key(bytes([i]) * 32, 0) for i in range(3))
-    cka, ckb, ckc = km.chunk_keys([a, b, c])
+    cka, ckb, ckc = (km.stored_key(k) for k in (a, b, c))
     assert km.offload_keys([ckc, cka, ckb]) == [c, b]     # a fell out of the window
+    km.chunk_keys([make_offload_key(bytes([i]) * 32, 1) for i in range(5)])   # lookups: nothing remembered
+    assert km.offload_keys([ckb, ckc]) == [b, c] and len(km) == 2
     with pytest.raises(ValueError):
         KeyMap(NS, capacity=0)

@@ -1,8 +1,8 @@
 """``KeyMap``: vLLM ``OffloadKey`` -> kvtier ``ChunkKey`` for one namespace, and back for events.
 
-The forward map is a pure function (``offload_chunk_key``); the way back (which ``OffloadKey`` did
-an evicted chunk hold) is remembered for the last ``capacity`` keys this tier saw, so KV events for
-evictions name vLLM's keys. A chunk evicted after its key fell out of that window is reported to
+The forward map is a pure function (``chunk_key``); the way back (which ``OffloadKey`` did an
+evicted chunk hold) is remembered for the last ``capacity`` keys this tier stored (``stored_key``;
+lookups of keys never stored do not push them out), so KV events for evictions name vLLM's keys. A chunk evicted after its key fell out of that window is reported to
 nobody (a router then learns of its absence at the next miss). Thread-safe.
 """
 
@@ -28,7 +28,11 @@ class KeyMap:
         self._lock = threading.Lock()
 
     def chunk_key(self, offload_key: bytes) -> ChunkKey:
-        """The kvtier key of ``offload_key`` (remembered for the way back)."""
+        """The kvtier key of ``offload_key`` (pure)."""
+        return offload_chunk_key(self.namespace, offload_key)
+
+    def stored_key(self, offload_key: bytes) -> ChunkKey:
+        """The kvtier key of ``offload_key``, remembered for the way back (a store)."""
         ck = offload_chunk_key(self.namespace, offload_key)
         with self._lock:
             self._back[ck] = offload_key

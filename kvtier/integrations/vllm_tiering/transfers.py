@@ -68,7 +68,7 @@ class ChunkTransfers:
         stored = 0
         ok = True
         for key, cid in zip(keys, chunk_ids):
-            ck = self.keymap.chunk_key(key)
+            ck = self.keymap.stored_key(key)
             if self.store.where(ck) is not None:
                 continue
             if self.store.put(ck, None, self.row(cid), num_tokens=self.chunk_tokens,
