@@ -2,8 +2,9 @@
 
 The forward map is a pure function (``chunk_key``); the way back (which ``OffloadKey`` did an
 evicted chunk hold) is remembered for the last ``capacity`` keys this tier stored (``stored_key``;
-lookups of keys never stored do not push them out), so KV events for evictions name vLLM's keys. A chunk evicted after its key fell out of that window is reported to
-nobody (a router then learns of its absence at the next miss). Thread-safe.
+lookups of keys never stored do not push them out), so KV events for evictions name vLLM's keys.
+A chunk evicted after its key fell out of that window is reported to nobody (a router then learns
+of its absence at the next miss). Thread-safe.
 """
 
 from __future__ import annotations
