@@ -5,7 +5,7 @@
   three ~22K-token documents, the published regime (13x lower TTFT on >20K-token documents). The
   three cold prefills are the demo's cost: 82-102 s each in bfloat16 on the AVX-512 + bf16 class
   (2 vCPU; the run with a JuiceFS column took 9.7 min), an estimated 3.4-5.6 min each in float32 on
-  the AVX2 class (15-20 min in all; docs/results.md, "Long documents"). ``request_timeout_s`` leaves a
+  the AVX2 class (17-23 min in all; docs/results.md, "Long documents"). ``request_timeout_s`` leaves a
   cold prefill 30 minutes. ``--quick`` runs one ~4K-token document.
 
 ``tier_sizes`` gives the RAM and SSD tiers room for every document: kvtier stores every part of every
