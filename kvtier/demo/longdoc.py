@@ -1,6 +1,7 @@
 """``kvtier demo longdoc``: long-document QA at the model's longest useful context.
 
-For each document (~8K tokens for the bundled model) the TTFT of:
+For each document (~8K tokens for the default bundled model, ~22K for gemma-3-270m: ``--model``,
+``kvtier.demo.longdoc_models``) the TTFT of:
 - recompute: the first question, nothing cached (vLLM's prefix cache is off in these servers so
   every hit below is kvtier's);
 - kvtier RAM hit: a second question on the same server (document KV in kvtier's RAM tier);
