@@ -173,7 +173,7 @@ def test_demo_help_lists_its_demos_and_bare_demo_runs_companion(root, monkeypatc
     for name in ("companion", "longdoc", "slo"):
         assert name in r.stdout
     runs: list[tuple[str, bool, int | None]] = []
-    monkeypatch.setattr(demo_cmd, "_run", lambda name, out, js, opts, dtype, columns=None:
+    monkeypatch.setattr(demo_cmd, "_run", lambda name, out, js, opts, dtype, columns=None, sizing=None:
                         runs.append((name, opts.quick, opts.max_num_batched_tokens)))
     runner = CliRunner()
     for args in (["demo"], ["demo", "--quick"], ["demo", "companion", "--quick"],
