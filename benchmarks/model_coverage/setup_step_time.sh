@@ -2,7 +2,7 @@
 # The model step of scripts/setup.sh timed as on a fresh machine: byte-compiling the environment (into a
 # separate PYTHONPYCACHEPREFIX, so nothing is reused) beside converting the bundled models into a temporary
 # kvtier home. "old": SmolLM2 only; "new": SmolLM2 and gemma-3-270m, one process each. Run under the heavy lock.
-cd /work/main
+cd "$(dirname "$0")/../.."
 PY=.venv/bin/python
 SITE=$($PY -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 step() {  # $1 label, rest: model names
