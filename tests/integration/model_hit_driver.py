@@ -12,6 +12,8 @@ ROLE is one of
              then again after ``reset_prefix_cache`` (a hit from kvtier's RAM)
   reader     kvtier in a new process, RAM off: ``--tier ssd`` reads the writer's SSD directory, ``--tier
              shared`` only the shared directory (no SSD)
+  With ``--tp 2`` the engine runs two tensor-parallel ranks (one core each); ``--corrupt-rank R`` (reader)
+  first corrupts every chunk file rank R wrote, so that rank's loads fail while the others' succeed.
   start      kvtier with RAM (``--on-unsupported`` as given): start the engine, generate once; an engine
              kvtier refuses ends the process with its error on stderr
 
@@ -57,6 +59,19 @@ def _engine_facts(llm) -> dict:
     return facts
 
 
+def _corrupt_rank(disk: Path, rank: int) -> int:
+    """Corrupt every chunk file in the namespaces of TP rank ``rank``; how many."""
+    n = 0
+    for ns_file in disk.glob("*/namespace.json"):
+        ns = json.loads(ns_file.read_text())["namespace"]
+        if ns.get("tp_size", 1) > 1 and ns.get("tp_rank", 0) == rank:
+            for f in (ns_file.parent / "chunks").rglob("*"):
+                if f.is_file() and not f.name.startswith("."):
+                    cd._corrupt(f)
+                    n += 1
+    return n
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("role", choices=["reference", "writer", "reader", "start"])
@@ -68,12 +83,16 @@ def main() -> int:
     ap.add_argument("--tier", choices=["ssd", "shared"], default="ssd")
     ap.add_argument("--log")
     ap.add_argument("--on-unsupported", default="fail")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--corrupt-rank", type=int)
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
 
     apply_vllm_env(kv_cache_space_gib=1)
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"     # the engine in this process: its facts are readable
+    if args.tp > 1:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i % (os.cpu_count() or 1)) for i in range(args.tp))
     from kvtier.engine import make_llm
     from kvtier.server import kv_transfer_config
 
@@ -90,7 +109,7 @@ def main() -> int:
                                                                 "on_unsupported": args.on_unsupported}})
     llm = make_llm(args.model, dtype=args.dtype, max_model_len=MAX_MODEL_LEN, kv_transfer_config=kvt,
                    max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=args.role != "reference",
-                   seed=0, disable_log_stats=False)
+                   seed=0, disable_log_stats=False, tensor_parallel_size=args.tp)
     prompts = _prompts(llm.get_tokenizer())
     ph = cd.Phases(llm, log_path)
     ph.result["engine"] = _engine_facts(llm)
@@ -107,6 +126,8 @@ def main() -> int:
         for name, p in prompts.items():
             ph.run(f"ram_{name}", {name: p})      # vLLM's prefix cache reset: the hit comes from kvtier
     else:
+        if args.corrupt_rank is not None:
+            ph.result["corrupted"] = _corrupt_rank(Path(args.disk), args.corrupt_rank)
         time.sleep(0.5)
         for name, p in prompts.items():
             ph.run(f"{args.tier}_{name}", {name: p})
