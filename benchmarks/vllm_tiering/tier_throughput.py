@@ -187,6 +187,7 @@ class Bench:
             put_s, put_ok = self.store_side(st, ks, load=False)
             st.close()
             self.evict(backend, write_dir)
+            self.visible(write_dir, read_dir)
             st = self.store(backend, read_dir)
             get_s, get_ok = self.store_side(st, ks, load=True)
             st.close()
@@ -195,6 +196,7 @@ class Bench:
             put_s, put_ok = self.run_jobs(t, self.jobs(ks, 0), load=False)
             t.shutdown()
             self.evict(backend, write_dir)
+            self.visible(write_dir, read_dir)
             t = self.tier(side, backend, read_dir)
             get_s, get_ok = self.run_jobs(t, self.jobs(ks, self.n), load=True)
             t.shutdown()
@@ -205,6 +207,20 @@ class Bench:
     def evict(self, backend: str, path: Path) -> None:
         if backend == "disk":
             drop_page_cache([str(p) for p in path.rglob("*") if p.is_file()])
+
+    @staticmethod
+    def visible(write_dir: Path, read_dir: Path, timeout: float = 60.0) -> None:
+        """Wait (untimed) until the reading mount lists every file the writing mount wrote (a JuiceFS
+        client caches directory entries for about a second)."""
+        if write_dir == read_dir:
+            return
+        want = {p.relative_to(write_dir) for p in write_dir.rglob("*") if p.is_file()}
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if read_dir.is_dir() and want <= {p.relative_to(read_dir) for p in read_dir.rglob("*") if p.is_file()}:
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"{read_dir} does not show the files written through {write_dir}")
 
 
 def juicefs_dirs(stack: ExitStack, tmp: Path) -> tuple[Path, Path]:
@@ -255,8 +271,8 @@ def main() -> int:
                     shutil.rmtree(wa / sub, ignore_errors=True)
                     print(backend, r, side, rows[side][-1], flush=True)
             report["backends"][backend] = summarize(rows)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "tier_throughput.json").write_text(json.dumps(report, indent=2))
+            a.out.mkdir(parents=True, exist_ok=True)
+            (a.out / "tier_throughput.json").write_text(json.dumps(report, indent=2))
     print(json.dumps({b: v["summary"] for b, v in report["backends"].items()}, indent=2))
     return 0
 
