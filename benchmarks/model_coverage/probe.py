@@ -177,6 +177,7 @@ def machine() -> str:
 def table(records: list[tuple[str, dict]], header: str = "") -> str:
     rows = ([header, ""] if header else []) + ["| case | loads | KV-cache groups (spec[layers] block, window, page bytes) | KV B/token | "
             "prefix hit (cached of 600) | greedy 12 tokens | answer / error |", "|---|---|---|---|---|---|---|"]
+    single = {r["model"]: r["tokens"] for _, r in records if r.get("ok") and r.get("tp", 1) == 1}
     for label, r in records:
         if not r.get("ok"):
             rows.append(f"| {label} | no | | | | | `{r.get('error', '?')}` |")
@@ -186,6 +187,8 @@ def table(records: list[tuple[str, dict]], header: str = "") -> str:
         if r.get("prefix_caching") is False:
             hit += ", prefix caching turned off by vLLM"
         varied = f"{r['distinct_tokens']} distinct"
+        if r.get("tp", 1) > 1 and r["model"] in single:
+            varied += f", {'same' if r['tokens'] == single[r['model']] else 'DIFFERENT'} tokens as TP=1"
         pf = ", ".join(f"{int(k) // 1024}K: {v:.1f} s" for k, v in r.get("prefill_s", {}).items())
         answer = "" if label.startswith("tiny") else r.get("answer", "").replace("\n", " ")[:60]
         note = "; ".join(x for x in (answer, f"cold prefill {pf}" if pf else "") if x)
