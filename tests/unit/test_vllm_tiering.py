@@ -275,3 +275,17 @@ def test_a_stalled_ssd_fails_the_load_within_its_deadline_and_the_key_is_a_miss_
     finally:
         tier.jobs.drain()
         tier.store.close()
+
+
+def test_a_verified_chunk_of_another_size_under_the_key_is_a_failed_job(disk_tier):
+    """A chunk that verifies (right namespace, key, checksum) but does not fill the slot exactly,
+    e.g. written by a misconfigured peer, never loads as a slot with a stale tail."""
+    tier, arr = disk_tier
+    [k] = rig.keys(1, seed=15)
+    assert tier.store.put(tier.keymap.chunk_key(k), None, b"\x01" * 4096, num_tokens=16, shape=(4096,),
+                          dtype="uint8")
+    assert tier.lookup(k, REQ) is LookupResult.HIT
+    arr[3] = 9
+    tier.submit_load(rig.job(1, [k], [3], promotion=True))
+    [res] = rig.finished(tier)
+    assert not res.success and not res.successful_keys
