@@ -228,7 +228,9 @@ class MooncakeTier(RemoteTier):
 
     def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:
         """Scatter puts from the caller's payload buffers (zero-copy); synchronous: ``release`` and
-        ``on_done`` run for every item before this returns."""
+        ``on_done`` run for every item before this returns. A chunk whose transfer failed on the way
+        (``TRANSFER_FAIL``: the master revoked its space) is put once more; a second failure is a counted
+        fault and the chunk is not stored."""
         ok = [False] * len(items)
         try:
             store = self._ok()
@@ -247,9 +249,17 @@ class MooncakeTier(RemoteTier):
                 ptrs.append([base + i * _SCRATCH, _ptr(payloads[i]), base + i * _SCRATCH + HEADER_SIZE])
                 sizes.append([HEADER_SIZE, it.meta.payload_len, TRAILER_SIZE])
             reg = self._register(store, payloads)
+            names = [self._name(it.meta.key) for it in items]
             try:
-                rcs = store.batch_put_from_multi_buffers([self._name(it.meta.key) for it in items], ptrs, sizes,
-                                                         self._client.replicate)
+                rcs = list(store.batch_put_from_multi_buffers(names, ptrs, sizes, self._client.replicate))
+                again = [i for i, rc in enumerate(rcs) if rc == TRANSFER_FAIL]
+                if again:   # a transfer that failed on the way (the master revoked its space): once more
+                    self._bursts.fault("transfer_failed", f"write via master {self.cfg.master}: rc={TRANSFER_FAIL} "
+                                       f"for {len(again)} of {len(items)} chunks; retried once")
+                    second = store.batch_put_from_multi_buffers([names[i] for i in again], [ptrs[i] for i in again],
+                                                                [sizes[i] for i in again], self._client.replicate)
+                    for i, rc in zip(again, second):
+                        rcs[i] = rc
             finally:
                 self._unregister(store, reg)
             for i, rc in enumerate(rcs):
