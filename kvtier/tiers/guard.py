@@ -322,8 +322,15 @@ class GuardedTier(WrappingTier):
             self._idle.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the writes handed to the guard are written: first the guard's own queue, then the
+        backend's (a shared filesystem accepts a write into its own writer queue and returns)."""
+        end = None if timeout is None else time.monotonic() + timeout
         with self._lock:
-            return self._idle.wait_for(lambda: self._writes_inflight == 0, timeout)
+            if not self._idle.wait_for(lambda: self._writes_inflight == 0, timeout):
+                return False
+        if self.breaker.is_open or self._closed:
+            return self.inner.flush(0)      # never wait on a backend that is down: say whether it is idle
+        return self.inner.flush(None if end is None else max(0.0, end - time.monotonic()))
 
     def delete_many(self, keys) -> int:
         keys = list(keys)

@@ -179,3 +179,60 @@ def test_write_backlog_is_bounded_while_stalled(guarded) -> None:
     inner.resume()
     assert g.flush(10)
     assert len(done) == sum(ok) and all(s for _, s in done)
+
+
+class QueueingBackend(DictSharedTier):
+    """A backend that, like a shared filesystem's writer, accepts a write into its own queue and lands it
+    later (here: when ``land`` is set)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.land = threading.Event()
+        self._queued: list[WriteItem] = []
+        self._qlock = threading.Lock()
+
+    def write(self, items, on_done=None):
+        with self._qlock:
+            self._queued += [WriteItem(it.meta, memoryview(bytes(it.payload))) for it in items]
+        for it in items:
+            if it.release is not None:
+                it.release()
+        threading.Thread(target=self._later, args=(on_done,), daemon=True).start()
+        return [True] * len(items)
+
+    def _later(self, on_done) -> None:
+        self.land.wait()
+        with self._qlock:
+            done, self._queued = self._queued, []
+        for it in done:
+            self.data[it.meta.key] = (it.meta, bytes(it.payload))
+            if on_done is not None:
+                on_done(it.meta.key, True)
+
+    def flush(self, timeout=None) -> bool:
+        end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._qlock:
+                if not self._queued:
+                    return True
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.005)
+
+
+def test_flush_waits_for_the_backends_own_write_queue(tmp_path: Path) -> None:
+    inner = QueueingBackend()
+    cfg = SharedFsConfig(path=tmp_path, max_inflight=2, lookup_timeout_s=2.0, io_timeout_s=2.0)
+    g = GuardedTier.wrap(inner, cfg, Telemetry())
+    try:
+        keys = chunk_keys(NS, list(range(8)))
+        assert all(g.write([WriteItem(meta(k), memoryview(bytes(P))) for k in keys[:2]]))
+        assert wait_for(lambda: inner._queued)            # handed to the backend, not yet written
+        assert g.flush(0.2) is False                      # still queued in the backend: not flushed
+        assert not inner.data
+        inner.land.set()
+        assert g.flush(5)
+        assert set(inner.data) == set(keys[:2])           # a true flush means written
+    finally:
+        inner.land.set()
+        g.close()
