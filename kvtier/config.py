@@ -274,6 +274,12 @@ class ConnectorConfig(_Section):
         "kernel block splitting, several KV-cache groups, an unknown device): fail = the engine does not start, "
         "with one error naming the model and what to do; serve-without-cache = it starts without kvtier (logged, "
         "counted as a layout error, nothing claimed)")
+    tp_layout: Literal["per-rank", "per-kv-head"] = Field(
+        default="per-rank", description="how chunks of a tensor-parallel model are cut: per-rank = one chunk per "
+        "rank holding its share of the KV heads (the TP size is in the namespace: only engines of the same TP "
+        "size share chunks); per-kv-head = one entry per KV head of the model, the same bytes at any TP size, so "
+        "TP = 1 and TP = 2 replicas of a model read each other's chunks (KV heads x more, smaller entries; needs "
+        "the head axis outermost in vLLM's KV pages, which kvtier asks for). MLA models are TP-independent either way")
     save: bool = Field(default=True, description="save newly computed full chunks")
     save_generated: bool = Field(
         default=True, description="also save the full chunks that cover generated tokens (as decode fills "

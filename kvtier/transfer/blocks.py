@@ -7,6 +7,10 @@ gathers the chunk's pages of every layer into a device staging buffer (one ``ind
 device staging and one ``index_copy_`` into the blocks. On the CPU the gather writes straight into
 the host buffer and the scatter reads straight from it: no staging, same calls otherwise.
 
+Chunks stored per KV head (``head_views``): the copier gets one ``KVViews`` per KV head of the rank
+(``slices``) and its buffers are head-major, ``[heads, num_layers, blocks_per_chunk, *head page]``: head
+``s``'s payload is one contiguous slice of the buffer; each copy is then one gather or scatter per head.
+
 Each copier is one *lane*: its own transfer stream and staging, so two lanes used from two threads
 (the engine's loads, the background loader) never share a staging buffer. The ordering rules are the
 ones in ``streams``; a copier's methods say which thread may call them.
@@ -25,8 +29,10 @@ if TYPE_CHECKING:
 
 
 class BlockCopier:
-    def __init__(self, views: KVViews, blocks_per_chunk: int, streams: Streams | None = None) -> None:
+    def __init__(self, views: KVViews, blocks_per_chunk: int, streams: Streams | None = None,
+                 slices: Sequence[KVViews] | None = None) -> None:
         self.views = views
+        self.slices = list(slices) if slices else []     # per KV head: a head-major buffer
         self.blocks_per_chunk = blocks_per_chunk
         self.streams = streams if streams is not None else streams_for(views.device)
         self.stream = self.streams.new_stream()
@@ -37,15 +43,28 @@ class BlockCopier:
     # -- buffers -----------------------------------------------------------------------------
     def new_buffer(self) -> HostBuffer:
         """A host chunk buffer (pinned for a device)."""
-        return HostBuffer(self.views.chunk_shape(self.blocks_per_chunk), self.views.dtype, pin=not self.on_host)
+        return HostBuffer(self.chunk_shape(), self.views.dtype, pin=not self.on_host)
+
+    def chunk_shape(self) -> tuple[int, ...]:
+        """A chunk buffer's shape: ``views.chunk_shape``, head-major with head slices."""
+        if self.slices:
+            return (len(self.slices), *self.slices[0].chunk_shape(self.blocks_per_chunk))
+        return self.views.chunk_shape(self.blocks_per_chunk)
+
+    def _parts(self, buffer: "torch.Tensor") -> list[tuple[KVViews, "torch.Tensor"]]:
+        """(views, ``[L, blocks_per_chunk, page words]`` of ``buffer``) per slice: the whole chunk, or each head."""
+        if not self.slices:
+            return [(self.views, self.views.buffer_pages(buffer))]
+        return [(v, v.buffer_pages(buffer[s])) for s, v in enumerate(self.slices)]
 
     def _stage(self) -> "torch.Tensor":
+        """Device staging: ``[slices, L, blocks_per_chunk, page words]``."""
         import torch
 
         if self._staging is None:
-            v = self.views
-            self._staging = torch.empty((v.num_layers, self.blocks_per_chunk, v.page_words), dtype=v.word,
-                                        device=v.device)
+            vs = self.slices or [self.views]
+            self._staging = torch.empty((len(vs), vs[0].num_layers, self.blocks_per_chunk, vs[0].page_words),
+                                        dtype=vs[0].word, device=vs[0].device)
         return self._staging
 
     def _index(self, block_ids: Sequence[int]) -> tuple["torch.Tensor", Any]:
@@ -88,19 +107,19 @@ class BlockCopier:
         the copy is returned and marked on ``buf`` (read its bytes after ``buf.claim()``)."""
         import torch
 
-        v = self.views
         n = len(block_ids)
         with self.streams.on(self.stream):
             idx, keep = self._index(block_ids)
-            out = v.buffer_pages(buf.tensor)[:, :n]
-            dst = out if self.on_host else self._stage()[:, :n]
-            if v.stacked is not None:
-                torch.index_select(v.stacked, 1, idx, out=dst)
-            else:
-                for i, page in enumerate(v.pages):
-                    torch.index_select(page, 0, idx, out=dst[i])
-            if not self.on_host:
-                out.copy_(dst, non_blocking=True)
+            for s, (v, pages) in enumerate(self._parts(buf.tensor)):
+                out = pages[:, :n]
+                dst = out if self.on_host else self._stage()[s, :, :n]
+                if v.stacked is not None:
+                    torch.index_select(v.stacked, 1, idx, out=dst)
+                else:
+                    for i, page in enumerate(v.pages):
+                        torch.index_select(page, 0, idx, out=dst[i])
+                if not self.on_host:
+                    out.copy_(dst, non_blocking=True)
             ev = self.record()
         buf.mark(ev, keep)
         return ev
@@ -116,16 +135,17 @@ class BlockCopier:
         sel = range(v.num_layers) if layers is None else layers
         with self.streams.on(self.stream):
             idx, keep = self._index(block_ids)
-            src = v.buffer_pages(buf.tensor)[:, first_block:first_block + n]
-            if not self.on_host:
-                stage = self._stage()[:, :n]
-                stage[sel.start:sel.stop].copy_(src[sel.start:sel.stop], non_blocking=True)
-                src = stage
-            if whole and v.stacked is not None:
-                v.stacked.index_copy_(1, idx, src)
-            else:
-                for i in sel:
-                    v.pages[i].index_copy_(0, idx, src[i])
+            for s, (sv, pages) in enumerate(self._parts(buf.tensor)):
+                src = pages[:, first_block:first_block + n]
+                if not self.on_host:
+                    stage = self._stage()[s, :, :n]
+                    stage[sel.start:sel.stop].copy_(src[sel.start:sel.stop], non_blocking=True)
+                    src = stage
+                if whole and sv.stacked is not None:
+                    sv.stacked.index_copy_(1, idx, src)
+                else:
+                    for i in sel:
+                        sv.pages[i].index_copy_(0, idx, src[i])
             ev = self.record()
         buf.mark(ev, keep)
         return ev

@@ -17,6 +17,9 @@ matter on the CPU, where ``index_copy_`` moves one element at a time (a SmolLM2 
 bytes, 2.9 ms in int64 words).
 
 Axes of size 1 (one KV head, an MLA latent) may sit anywhere in memory: they decide nothing.
+
+``head_views``: one ``KVViews`` per KV head over the same memory (views ``[:, h:h+1]``), for chunks stored
+per KV head: a head's page is one dense run only where the head axis is the page's outermost (``hnc``).
 """
 
 from __future__ import annotations
@@ -195,3 +198,15 @@ def derive_views(layers: "Sequence[torch.Tensor]", block_size: int, expected: Pa
     pages = [_words(t, word, (int(t.shape[0]), page // word.itemsize), (t.stride(0), word.itemsize),
                     t.storage_offset()) for t in raw]
     return KVViews(layers, layout, page_shape, pages, _stacked(raw, page, word), word)
+
+
+def head_views(views: KVViews, block_size: int, names: Sequence[str] | None = None) -> list[KVViews]:
+    """One ``KVViews`` per KV head of ``views`` (its pages: one head's ``[1, N, C]``), over the same memory;
+    LayoutError (one line) when a head's page is not one dense run (the head axis is not the page's
+    outermost, e.g. LBNHC)."""
+    heads = int(views.layers[0].shape[1])
+    if heads > 1 and views.layout.page_order[0] != "h":
+        raise LayoutError(f"KV pages laid out {views.layout.name} do not keep a KV head's page in one run: "
+                          f"chunks per KV head need the head axis outermost in the page (LBHNC or BLHNC)")
+    return [derive_views([t[:, h:h + 1] for t in views.layers], block_size, expected=views.layout, names=names)
+            for h in range(heads)]

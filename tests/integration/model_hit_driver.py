@@ -13,7 +13,8 @@ ROLE is one of
   reader     kvtier in a new process, RAM off: ``--tier ssd`` reads the writer's SSD directory, ``--tier
              shared`` only the shared directory (no SSD)
   With ``--tp 2`` the engine runs two tensor-parallel ranks (one core each); ``--corrupt-rank R`` (reader)
-  first corrupts every chunk file rank R wrote, so that rank's loads fail while the others' succeed.
+  first corrupts every chunk file rank R wrote, so that rank's loads fail while the others' succeed;
+  ``--tp-layout per-kv-head`` stores chunks per KV head (any TP size reads them).
   start      kvtier with RAM (``--on-unsupported`` as given): start the engine, generate once; an engine
              kvtier refuses ends the process with its error on stderr
 
@@ -85,6 +86,7 @@ def main() -> int:
     ap.add_argument("--on-unsupported", default="fail")
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--corrupt-rank", type=int)
+    ap.add_argument("--tp-layout", default="per-rank", choices=["per-rank", "per-kv-head"])
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
@@ -106,7 +108,8 @@ def main() -> int:
         if args.shared and (args.role == "writer" or args.tier == "shared"):
             store["shared"] = {"kind": "sharedfs", "path": args.shared, "capacity": "2GiB", "create": True}
         kvt = kv_transfer_config({"store": store, "connector": {"request_log": str(log_path) if log_path else None,
-                                                                "on_unsupported": args.on_unsupported}})
+                                                                "on_unsupported": args.on_unsupported,
+                                                                "tp_layout": args.tp_layout}})
     llm = make_llm(args.model, dtype=args.dtype, max_model_len=MAX_MODEL_LEN, kv_transfer_config=kvt,
                    max_num_batched_tokens=MAX_BATCHED, enable_prefix_caching=args.role != "reference",
                    seed=0, disable_log_stats=False, tensor_parallel_size=args.tp)

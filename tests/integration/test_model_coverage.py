@@ -168,3 +168,29 @@ def test_tp2_ranks_save_and_load_their_share_and_one_rank_failing_recomputes_on_
             assert req["num_cached_tokens"] == hit == phase["vllm"]["vllm:external_prefix_cache_hits"]
         (req,) = broken[f"ssd_{prompt}"]["requests"]
         assert not mismatches(cold[prompt]["requests"][0], req, EXACT_TOL), prompt
+
+
+def test_tp1_and_tp2_replicas_read_each_others_chunks_stored_per_kv_head(tiny_model, tmp_path):
+    """``connector.tp_layout: per-kv-head``: the tiny Llama's 4 KV heads are stored one entry each, the same
+    bytes at any TP size. A TP = 2 engine writes (its RAM hit needs every head, held by two ranks); a TP = 1
+    engine in a new process reads its chunks from the shared directory alone, and a TP = 2 engine reads what
+    a TP = 1 engine wrote: each hit equals its own TP size's cold recompute, float32."""
+    model = tiny_model("llama-kv4")
+    heads = ("--tp-layout", "per-kv-head")
+    by_two, by_one = tmp_path / "by-tp2", tmp_path / "by-tp1"
+    w2 = _run("writer", model, tmp_path / "w2.json", "--disk", str(tmp_path / "d2"), "--shared", str(by_two),
+              "--tp", "2", *heads)
+    w1 = _run("writer", model, tmp_path / "w1.json", "--disk", str(tmp_path / "d1"), "--shared", str(by_one), *heads)
+    spaces = {json.loads(p.read_text())["namespace"]["layout"] + str(json.loads(p.read_text())["namespace"]["tp_size"])
+              for d in (by_two, by_one) for p in d.glob("*/namespace.json")}
+    assert spaces == {"lbhnc/kvhead1"}                               # one namespace for both TP sizes
+    r1 = _run("reader", model, tmp_path / "r1.json", "--shared", str(by_two), "--tier", "shared", *heads)
+    r2 = _run("reader", model, tmp_path / "r2.json", "--shared", str(by_one), "--tier", "shared", "--tp", "2",
+              *heads)
+    for prompt, length in (("doc_1100", 1100), ("doc_700", 700)):
+        hit = min(length // 256 * 256, (length - 1) // BLOCK * BLOCK)
+        for cold, phase in ((w2, w2[f"ram_{prompt}"]), (w1, w1[f"ram_{prompt}"]),
+                            (w1, r1[f"shared_{prompt}"]), (w2, r2[f"shared_{prompt}"])):
+            (req,) = phase["requests"]
+            assert not mismatches(cold[f"cold_{prompt}"]["requests"][0], req, EXACT_TOL), prompt
+            assert req["num_cached_tokens"] == hit == phase["vllm"]["vllm:external_prefix_cache_hits"], prompt

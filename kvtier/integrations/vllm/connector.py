@@ -59,6 +59,7 @@ from kvtier.compute import dtype_itemsize, kv_bytes
 from kvtier.integrations.vllm.cache_groups import CacheGroups, UnsupportedGroups, cache_groups, cpu_mla_refusal
 from kvtier.integrations.vllm.extra_config import config_from_extra
 from kvtier.integrations.vllm.kv_events import DEFAULT_MAP_CAPACITY, KvEvents
+from kvtier.integrations.vllm.kv_heads import HeadShardingError, KvHeads, engine_kv_heads
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata
 from kvtier.integrations.vllm.metrics import ConnectorMetrics, SnapshotWriter, metrics_port, serve
 from kvtier.integrations.vllm.namespace import (engine_layout, engine_namespace, kv_dtype_name, parallel_ranks,
@@ -173,8 +174,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if reason:
             log.error("kvtier: serving without the cache (%s; connector.on_unsupported: serve-without-cache): %s",
                       engine, reason)
+        kv_heads: KvHeads | None = None
         if not reason:
             reason = cpu_mla_refusal(groups, vllm_config)
+            try:
+                kv_heads = engine_kv_heads(vllm_config, cfg.connector.tp_layout, groups is not None and groups.mla)
+            except HeadShardingError as e:
+                reason = reason or f"connector.tp_layout per-kv-head: {e}"
             self._unsupported = bool(reason)
             if reason and cfg.connector.on_unsupported != "serve-without-cache":
                 raise UnsupportedEngine(f"kvtier cannot serve this engine ({engine}): {reason}. To run without "
@@ -184,7 +190,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             # served without the cache: any chunk size the engine's blocks divide (nothing is stored)
             store_cfg = store_cfg.model_copy(update={"chunk_size": block_size * max(1, store_cfg.chunk_size // block_size)})
         self.namespace = engine_namespace(vllm_config, kv_cache_config, store_cfg.chunk_size, layout,
-                                          deployment=cfg.store.deployment, groups=groups)
+                                          deployment=cfg.store.deployment, groups=groups,
+                                          per_kv_head=kv_heads is not None)
         self.metrics = ConnectorMetrics()
         # With vLLM's multiprocess executor (the default on CPU) the worker runs in another
         # process: the scheduler then sees the SSD tier directly and the worker's RAM tier only
@@ -213,11 +220,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 min_hit_chunks=cfg.connector.min_hit_chunks, save_generated=cfg.connector.save_generated,
                 metrics=self.metrics,
                 request_log=RequestLog(cfg.connector.request_log),
-                worker_key_capacity=local_budget // chunk_bytes if self._worker_elsewhere else 0,
+                worker_key_capacity=local_budget // chunk_bytes * (kv_heads.total if kv_heads else 1)
+                if self._worker_elsewhere else 0,
                 shared_lookup_timeout_s=cfg.store.shared.lookup_timeout_s if cfg.store.shared else 0.5,
                 kv_events=self._events, claims=cfg.claims, chunk_nbytes=chunk_bytes,
                 async_read_depth=cfg.connector.async_read_depth, prefetch_ram=cfg.connector.prefetch_ram,
-                groups=groups)
+                groups=groups, heads=kv_heads.total if kv_heads is not None else 0)
             port = metrics_port(cfg.metrics.port, None)
         else:
             self._worker = WorkerSide(self.store, layout, chunk_size=store_cfg.chunk_size, block_size=block_size,
@@ -231,7 +239,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                                       layerwise=cfg.connector.load_mode == "layerwise",
                                       on_unsupported=cfg.connector.on_unsupported, engine=engine, groups=groups,
                                       saves=not (groups is not None and groups.mla
-                                                 and parallel_ranks(vllm_config)[0] != 0))   # MLA: rank 0 writes
+                                                 and parallel_ranks(vllm_config)[0] != 0),   # MLA: rank 0 writes
+                                      kv_heads=kv_heads if not self._unsupported else None)
             if self._unsupported:
                 self._worker.disabled = reason
             if cfg.connector.prefetch_ram:

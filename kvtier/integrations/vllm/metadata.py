@@ -153,6 +153,10 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     rank that loaded least. Every rank of a TP>1 engine reports each step (``always_report``),
     even when it has nothing to say, so an empty rank empties the intersection.
 
+    Chunks stored per KV head (``per_kv_head``, ``kv_heads.py``): every stored key is one KV head's, which
+    the rank (or ranks) holding that head store, so stored keys (and tier entries) are united instead: the
+    scheduler needs every head of a chunk, which is what every rank can load.
+
     ``tier_changes`` (only with KV events enabled): every tier's entries and exits, in order.
     Folded like the keys: an entry counts where every rank made it, an exit where any rank did.
 
@@ -174,6 +178,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
     forward: tuple[int, int, float] | None = None
     prefetched: dict[str, PrefetchOutcome] = field(default_factory=dict)   # prefetch plans finished
     disabled: str = ""                                                    # why this worker serves without cache
+    per_kv_head: bool = False                                             # stored keys are KV heads' (united)
 
     def tier_of(self) -> dict[bytes, str]:
         tiers = self.stored_tiers + [""] * (len(self.stored_keys) - len(self.stored_tiers))
@@ -193,20 +198,26 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
                                         max(mine.failed_tokens, theirs.failed_tokens), mine.error or theirs.error)
         their_keys = set(other.stored_keys)
         mine_tiers = self.tier_of()
+        united = self.per_kv_head or other.per_kv_head
         stored = [k for k in self.stored_keys if k in their_keys]          # intersection, in order
+        if united:
+            mine_tiers = {**other.tier_of(), **mine_tiers}
+            stored = list(dict.fromkeys(self.stored_keys + other.stored_keys))
         gone = self.evicted_keys + [k for k in other.evicted_keys if k not in set(self.evicted_keys)]
         missing = self.missing_keys + [k for k in other.missing_keys if k not in set(self.missing_keys)]
         saves = dict(self.saves)
         for req_id, o in other.saves.items():
             saves[req_id] = saves[req_id].add(o) if req_id in saves else o
         theirs_in = {c for c in other.tier_changes if c.kind == "stored"}
-        changes = [c for c in self.tier_changes if c.kind != "stored" or c in theirs_in]
+        changes = [c for c in self.tier_changes if c.kind != "stored" or c in theirs_in or united]
         mine_out = {c for c in self.tier_changes if c.kind != "stored"}
-        changes += [c for c in other.tier_changes if c.kind != "stored" and c not in mine_out]
+        changes += [c for c in other.tier_changes if (c.kind != "stored" or united) and c not in mine_out
+                    and c not in changes]
         speeds = dict(self.read_speeds)
         for tier, sp in other.read_speeds.items():
             speeds[tier] = fold(speeds[tier], sp) if tier in speeds else sp
         forward = max((f for f in (self.forward, other.forward) if f is not None), key=lambda f: f[2], default=None)
         prefetched = {**other.prefetched, **self.prefetched}   # a rank's report of a plan is enough
         return KvtierWorkerMetadata(self.pid, loads, stored, missing, [mine_tiers[k] for k in stored], gone,
-                                    saves, changes, speeds, forward, prefetched, self.disabled or other.disabled)
+                                    saves, changes, speeds, forward, prefetched, self.disabled or other.disabled,
+                                    united)

@@ -71,12 +71,14 @@ def check_chunk_size(chunk_size: int, block_size: int) -> None:
 
 def engine_namespace(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig | None",
                      chunk_size: int, layout: PageLayout | None = None, deployment: str = "",
-                     groups: "CacheGroups | None" = None) -> Namespace:
+                     groups: "CacheGroups | None" = None, per_kv_head: bool = False) -> Namespace:
     """The namespace for this engine and rank. Raises NamespaceError on a bad chunk size.
 
     The layout names the payload layout and, beyond one full-attention group, the KV-cache groups
     (``CacheGroups.signature``: kinds, windows, layers per group), e.g. ``lbhnc/mlax2``: chunks of a
-    model served with and without vLLM's hybrid KV cache manager never alias."""
+    model served with and without vLLM's hybrid KV cache manager never alias. Chunks stored per KV head
+    (``per_kv_head``, ``kv_heads.py``) add ``/kvhead`` and leave the TP rank and size out: every TP size
+    of the engine shares them."""
     block_size = int(vllm_config.cache_config.block_size)
     check_chunk_size(chunk_size, block_size)
     layout = layout or engine_layout(vllm_config, kv_cache_config)
@@ -87,6 +89,9 @@ def engine_namespace(vllm_config: "VllmConfig", kv_cache_config: "KVCacheConfig 
     tp_rank, pp_rank = parallel_ranks(vllm_config)
     if groups is not None and groups.mla:
         tp_rank, tp_size = 0, 1     # every TP rank holds the same latent: one set of chunks for all ranks
+    elif per_kv_head:
+        tp_rank, tp_size = 0, 1     # a KV head's bytes do not depend on the TP size
+        signature = signature + "/kvhead" if signature else "kvhead"
     return Namespace(model=model, model_fingerprint=weights_fingerprint(model), dtype=kv_dtype_name(vllm_config),
                      layout=layout.name + (f"/{signature}" if signature else ""), block_size=block_size,
                      chunk_size=chunk_size, tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp_rank, pp_size=pp_size,

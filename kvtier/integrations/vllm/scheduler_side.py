@@ -37,7 +37,9 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
   into the shared tier would pay off, its query time included, the shared tier is not even asked.
   ``always``: every chunk any tier holds (no estimate is used).
 - Several KV-cache groups (vLLM's hybrid KV cache manager, ``cache_groups.py``): a chunk is held when
-  every one of its parts is (one prefix lookup over the parts' chain); queue-time prefetch is off. With
+  every one of its parts is (one prefix lookup over the parts' chain); queue-time prefetch is off. Chunks
+  stored per KV head (``kv_heads.py``): every head of every part (``heads`` keys per part), so a chunk is
+  claimed only when every rank can load its heads; queue-time prefetch is off. With
   several groups or a sliding window every claim is loaded asynchronously and fails whole
   (``get_transfer_results`` reports the request, which vLLM then recomputes, and kvtier claims nothing
   more for it).
@@ -87,10 +89,12 @@ class SchedulerSide:
                  request_log: RequestLog | None = None, worker_key_capacity: int = 0,
                  shared_lookup_timeout_s: float = 0.5, kv_events: KvEvents | None = None,
                  claims: "ClaimsConfig | None" = None, chunk_nbytes: int = 0, async_read_depth: int = 2,
-                 prefetch_ram: int = 0, groups: CacheGroups | None = None) -> None:
+                 prefetch_ram: int = 0, groups: CacheGroups | None = None, heads: int = 0) -> None:
         self.store = store
         self.groups = groups                # None: one full-attention group (vLLM gave no config yet)
         self.parts = groups.count if groups is not None else 1
+        self.heads = heads                  # chunks stored per KV head: the model's KV heads (0: per rank)
+        self.width = self.parts * max(1, heads)   # store keys per chunk
         self.loads_whole = groups is not None and groups.loads_whole
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -119,11 +123,11 @@ class SchedulerSide:
         self.kv_events = kv_events if kv_events is not None and kv_events.enabled else None
         self.save_plans = SavePlanner(store, self.directory, namespace, block_size=block_size,
                                       save_generated=self.save_generated, metrics=metrics, kv_events=self.kv_events,
-                                      groups=groups)
+                                      groups=groups, heads=heads)
         # queue-time prefetch of waiting requests' chunks into the worker's RAM (prefetch.py)
         self.prefetch = QueuePrefetch(prefetch_ram, chunk_nbytes, block_size=block_size, chunk_size=self.chunk_size,
                                       request_log=self.log) \
-            if prefetch_ram > 0 and chunk_nbytes > 0 and self.parts == 1 else None
+            if prefetch_ram > 0 and chunk_nbytes > 0 and self.width == 1 and not heads else None
 
     def bind(self, block_ids_of) -> None:
         self._block_ids_of = block_ids_of
@@ -181,8 +185,8 @@ class SchedulerSide:
         st = self._state(request)
         if st is None or not st.keys or st.load_failed:
             return 0
-        parts = self.parts
-        chain = st.parts_chain(parts)
+        parts = self.width
+        chain = st.parts_chain(self.parts, self.heads)
         if st.local_pending is not None:
             n, tiers = st.local_pending
         else:

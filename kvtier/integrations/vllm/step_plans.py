@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from kvtier.integrations.vllm.cache_groups import NULL_BLOCK, CacheGroups, chain_parent, part_key, saveable
+from kvtier.integrations.vllm.kv_heads import head_key
 from kvtier.integrations.vllm.directory import Directory
 from kvtier.integrations.vllm.kv_events import KvEvents
 from kvtier.integrations.vllm.metadata import LoadChunk, LoadPlan, SaveChunk
@@ -68,13 +69,16 @@ class RequestState:
     saves_ended: bool = False       # a chunk could not be saved whole (freed sliding-window blocks)
     chain: list[bytes] = field(default_factory=list)   # every part's key (several groups), extended with keys
 
-    def parts_chain(self, parts: int) -> list[bytes]:
-        """Every part of every chunk key in chain order (``cache_groups.chain``), extended as keys grow."""
-        if parts == 1:
+    def parts_chain(self, parts: int, heads: int = 0) -> list[bytes]:
+        """Every part of every chunk key in chain order (``cache_groups.chain``), extended as keys grow; with
+        chunks stored per KV head (``heads`` > 0, ``kv_heads.py``) every head of every part."""
+        if parts == 1 and not heads:
             return self.keys      # type: ignore[return-value]
-        while len(self.chain) < len(self.keys) * parts:
-            ci, p = divmod(len(self.chain), parts)
-            self.chain.append(part_key(self.keys[ci], p))
+        width = parts * max(1, heads)
+        while len(self.chain) < len(self.keys) * width:
+            ci, rest = divmod(len(self.chain), width)
+            key = part_key(self.keys[ci], rest // max(1, heads))
+            self.chain.append(head_key(key, rest % heads) if heads else key)
         return self.chain
 
 
@@ -125,9 +129,10 @@ class SavePlanner:
 
     def __init__(self, store: IndexLookup, directory: Directory, namespace: Namespace, *, block_size: int,
                  save_generated: bool, metrics: "ConnectorMetrics | None", kv_events: KvEvents | None,
-                 groups: CacheGroups | None = None) -> None:
+                 groups: CacheGroups | None = None, heads: int = 0) -> None:
         self.store = store
         self.parts = groups.count if groups is not None else 1
+        self.heads = heads                  # chunks stored per KV head: the model's KV heads (0: per rank)
         self.windowed = groups is not None and groups.windowed
         self.directory = directory
         self.namespace = namespace
@@ -176,8 +181,11 @@ class SavePlanner:
             st.next_save_chunk += 1
             if self.kv_events is not None:
                 self.kv_events.remember(bytes(st.keys[ci]), st.request, ci)
-            if generated and self.held(ChunkKey(part_key(st.keys[ci], parts - 1))):   # e.g. the same reply again
-                continue
+                if self.heads:         # the worker's tiers report head keys: head 0's stands for the chunk
+                    self.kv_events.remember(head_key(st.keys[ci], 0), st.request, ci)
+            last = part_key(st.keys[ci], parts - 1)
+            if generated and self.held(ChunkKey(head_key(last, self.heads - 1) if self.heads else last)):
+                continue              # e.g. the same reply again
             for g in range(parts):
                 out.append(SaveChunk(req_id, ci, part_key(st.keys[ci], g), chain_parent(st.keys, ci, g, parts),
                                      blocks[g], generated=generated))

@@ -36,6 +36,9 @@ Contract:
   an engine is asynchronous and ``whole``: a failed one is reported per request (``take_failed_requests``,
   vLLM's ``failed_recving``), never as block ids. With MLA and TP > 1 only rank 0 saves (every rank holds
   the same latent); every rank loads.
+- Chunks stored per KV head (``kv_heads``, ``connector.tp_layout: per-kv-head``): the copiers get one view
+  per KV head of this rank and fill head-major buffers; the store is seen through ``HeadSplitStore``, which
+  puts and reads each head of a chunk under its own key (a chunk loads only when every head does).
 - ``save`` (from ``wait_for_save``) puts each fully computed chunk (``chunk_saves.py``); the step's
   ``releases`` are done in the next ``get_finished`` (finished_sending), the saves in the metadata.
 - Speeds: every chunk read is timed per tier (``kvtier.read_speed.ReadSpeeds``: the tier the
@@ -65,6 +68,8 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Seque
 from kvtier.integrations.vllm.async_loads import AsyncLoader
 from kvtier.integrations.vllm.cache_groups import CacheGroups, check_overlay
 from kvtier.integrations.vllm.chunk_saves import ChunkSaves, SaveTarget
+from kvtier.integrations.vllm.head_store import HeadSplitStore
+from kvtier.integrations.vllm.kv_heads import KvHeads
 from kvtier.integrations.vllm.layer_loads import LayerwiseLoads
 from kvtier.integrations.vllm.load_times import LoadTimes
 from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader, SyncLoadResult
@@ -78,7 +83,7 @@ from kvtier.transfer.blocks import BlockCopier
 from kvtier.transfer.host_buffers import HostBuffer
 from kvtier.transfer.page_layout import LayoutError, PageLayout
 from kvtier.transfer.streams import Streams, streams_for
-from kvtier.transfer.views import derive_views
+from kvtier.transfer.views import KVViews, derive_views, head_views
 
 if TYPE_CHECKING:
     import torch
@@ -128,8 +133,9 @@ class WorkerSide:
                  always_report: bool = False, async_read_depth: int = PREFETCH_DEPTH,
                  kv_events: bool = False, read_speeds: ReadSpeeds | None = None, layerwise: bool = False,
                  on_unsupported: str = "fail", engine: str = "", streams: Streams | None = None,
-                 groups: CacheGroups | None = None, saves: bool = True) -> None:
-        self.store = store
+                 groups: CacheGroups | None = None, saves: bool = True, kv_heads: KvHeads | None = None) -> None:
+        self.kv_heads = kv_heads                         # chunks stored per KV head (kv_heads.py), else per rank
+        self.store = HeadSplitStore(store, kv_heads) if kv_heads is not None else store
         self.groups = groups
         self.per_request_failures = groups is not None and groups.loads_whole   # vLLM: failed_recving, not block ids
         self._failed_requests: set[str] = set()
@@ -162,9 +168,9 @@ class WorkerSide:
         self._missing: list[bytes] = []
         self.always_report = always_report       # TP > 1: every rank reports every step (see metadata)
         self._events_lock = threading.Lock()     # async-load errors
-        self.reports = TierReports(store.where, track_changes=kv_events)
+        self.reports = TierReports(store.where, track_changes=kv_events)   # the store's own keys (per head)
         shared_writes = kv_events and bool(getattr(store, "has_remote", lambda: False)())
-        self._saves = ChunkSaves(store, self.reports, chunk_size=chunk_size, shared_writes=shared_writes,
+        self._saves = ChunkSaves(self.store, self.reports, chunk_size=chunk_size, shared_writes=shared_writes,
                                  metrics=metrics)
         self._save_target: SaveTarget | None = None   # set by register
         self._unsubscribe: Callable[[], None] | None = None
@@ -184,16 +190,17 @@ class WorkerSide:
         try:
             check_overlay(self.groups, kv_caches, layers)
             views = derive_views(layers, self.block_size, expected=self.layout, names=names)
+            heads = self._head_views(views, names)
             streams = self._streams if self._streams is not None else streams_for(views.device)
         except (LayoutError, ValueError) as e:
             self._unsupported(str(e))
             return
         self.layers, self.layer_names = views.layers, names
-        self._copiers = {lane: BlockCopier(views, self.blocks_per_chunk, streams)
+        self._copiers = {lane: BlockCopier(views, self.blocks_per_chunk, streams, slices=heads)
                          for lane in ("save", "load", "layers", "async")}
         save = self._copiers["save"]
         buffers = [save.new_buffer() for _ in range(SAVE_BUFFERS)]
-        self.shape = views.chunk_shape(self.blocks_per_chunk)
+        self.shape = save.chunk_shape()
         self.dtype_name = str(views.dtype).removeprefix("torch.")
         self.chunk_nbytes = buffers[0].nbytes
         self._save_target = SaveTarget(save, buffers, tuple(self.shape), self.dtype_name, self.chunk_nbytes)
@@ -211,6 +218,17 @@ class WorkerSide:
                  len(layers), views.device, views.layout.name,
                  "one allocation" if views.stacked is not None else "separate tensors", self.shape,
                  self.dtype_name, self.chunk_nbytes)
+
+    def _head_views(self, views: KVViews, names: list[str]) -> list[KVViews] | None:
+        """Per KV head views (chunks stored per KV head), None per rank; ValueError when the views do not hold
+        the heads ``kv_heads`` says this rank holds."""
+        if self.kv_heads is None:
+            return None
+        got = int(views.layers[0].shape[1])
+        if got != self.kv_heads.count:
+            raise ValueError(f"the KV views hold {got} KV heads, the model's {self.kv_heads.total} over the TP ranks "
+                             f"give this rank {self.kv_heads.count}")
+        return head_views(views, self.block_size, names)
 
     def _unsupported(self, reason: str) -> None:
         """This engine cannot be served: fail the start, or serve without the cache when the operator chose so."""
@@ -472,7 +490,7 @@ class WorkerSide:
             return None
         meta = KvtierWorkerMetadata(os.getpid(), self._outcomes, list(stored), self._missing,
                                     list(stored.values()), evicted, saved, changes, speeds, forward,
-                                    disabled=disabled)
+                                    disabled=disabled, per_kv_head=self.kv_heads is not None)
         self._outcomes, self._missing = {}, []
         self._speeds_sent = version
         return meta
