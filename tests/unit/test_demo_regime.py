@@ -6,6 +6,7 @@ on an AVX2-like calibration; --users/--conversations win."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from kvtier.sim.stackdist import MissRatioCurve
 from kvtier.workload.companion import generate_companion
 from kvtier.workload.format import Workload
 from kvtier.workload.stats import workload_stats
+from kvtier.workload.tokens import ApproxTokenizer
 
 # the 2-vCPU AVX2 machine's calibration (float32): 256 / 512 / 1024 tokens in 1.12 / 2.36 / 5.22 s
 AVX2 = dataclasses.replace(fit_profile([(256, 1.122), (512, 2.357), (1024, 5.221)], elapsed_s=18.3),
@@ -31,15 +33,50 @@ AVX2 = dataclasses.replace(fit_profile([(256, 1.122), (512, 2.357), (1024, 5.221
 FACTS = ModelFacts(path=Path("/nonexistent/model"), kv_bytes_per_token=46_080, max_model_len=8192, dtype="float32")
 
 
+class MemoApproxTokenizer(ApproxTokenizer):
+    """The approximate tokenizer with each distinct text encoded once (``encoded``, shared) and each
+    chat prompt rendered once (per instance): the same ids. The sizing searches below generate
+    hundreds of workloads whose turns repeat the same messages, and the facts read each workload's
+    prompts three times; re-hashing their 4-character pieces was most of this module's time."""
+
+    def __init__(self, encoded: dict[str, list[int]]) -> None:
+        super().__init__()
+        self._encoded = encoded
+        self._rendered: dict[tuple[tuple[str, str], ...], list[int]] = {}
+
+    def encode(self, text: str) -> list[int]:
+        ids = self._encoded.get(text)
+        if ids is None:
+            ids = self._encoded[text] = super().encode(text)
+        return list(ids)
+
+    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        key = tuple((m["role"], m["content"]) for m in messages)
+        ids = self._rendered.get(key)
+        if ids is None:
+            ids = self._rendered[key] = super().render_chat(messages)
+        return list(ids)
+
+
+ENCODED: dict[str, list[int]] = {}
+
+
 def facts_of(size) -> WorkloadFacts:
-    """The demo's workload facts with the approximate tokenizer (no model needed)."""
-    header, convs = generate_companion(companion._spec(size))
+    """The demo's workload facts with the approximate tokenizer (no model needed); once per workload
+    spec (sizings on machines of the same speed ask for the same workloads)."""
+    return _facts_of_spec(companion._spec(size))
+
+
+@functools.lru_cache(maxsize=None)
+def _facts_of_spec(spec) -> WorkloadFacts:
+    header, convs = generate_companion(spec)
     wl = Workload(header=header, conversations=convs)
-    st = workload_stats(wl, None, block_size=128)
+    tok = MemoApproxTokenizer(ENCODED)
+    st = workload_stats(wl, tok, block_size=128)
     return WorkloadFacts(requests=st.requests, prompt_tokens=st.total_prompt_tokens, ideal_hit_tokens=st.ideal_hit_tokens,
                          think_s=sum(t.think_time_s for c in convs for t in c.turns[1:]),
-                         max_prompt_tokens=int(st.prompt_tokens.max), conversations=conversation_facts(wl, None, 128),
-                         trace=workload_trace(wl, None, 128))
+                         max_prompt_tokens=int(st.prompt_tokens.max),
+                         conversations=conversation_facts(wl, tok, 128), trace=workload_trace(wl, tok, 128))
 
 
 @pytest.fixture(scope="module")
