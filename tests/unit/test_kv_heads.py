@@ -171,3 +171,22 @@ def test_ranks_reports_of_head_keys_are_united() -> None:
     assert m.per_kv_head
     per_rank = KvtierWorkerMetadata(1, stored_keys=[b"c0", b"c1"]).aggregate(KvtierWorkerMetadata(2, stored_keys=[b"c1"]))
     assert per_rank.stored_keys == [b"c1"]                         # per rank: only where every rank stored it
+
+
+def test_a_corrupt_head_fails_its_chunk_and_never_lands_as_kv(store) -> None:
+    """One head's entry corrupted on the SSD: the chunk is a miss (vLLM recomputes it), the other chunk loads."""
+    whole = HeadSplitStore(store, KvHeads(2, 0, 2))
+    k1, k2 = chunk_keys(Namespace("m", "f", "float32", "lbhnc/kvhead", 4, 4), list(range(8)))
+    assert whole.put(k1, None, bytes(range(128)), num_tokens=4, shape=(2, 64), dtype="uint8")
+    assert whole.put(k2, k1, bytes(range(128, 256)), num_tokens=4, shape=(2, 64), dtype="uint8")
+    assert store.flush(10)
+    disk = store.tiers[0]
+    path = Path(disk.path_of(head_key(k2, 1)))
+    raw = bytearray(path.read_bytes())
+    raw[-1] ^= 0xFF                                                  # the last payload byte of head 1
+    path.write_bytes(bytes(raw))
+    outs = [bytearray(128), bytearray(128)]
+    got = whole.read_into([k1, k2], outs, Deadline.after(5))
+    assert got[0].ok and bytes(outs[0]) == bytes(range(128))
+    assert not got[1].ok and got[1].meta is None
+    assert whole.get_into(k2, bytearray(128)) is None

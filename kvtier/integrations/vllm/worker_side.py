@@ -60,16 +60,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol, Sequence
 
 from kvtier.integrations.vllm.async_loads import AsyncLoader
-from kvtier.integrations.vllm.cache_groups import CacheGroups, check_overlay
+from kvtier.integrations.vllm.cache_groups import CacheGroups
+from kvtier.integrations.vllm.chunk_reads import ChunkReads
 from kvtier.integrations.vllm.chunk_saves import ChunkSaves, SaveTarget
 from kvtier.integrations.vllm.head_store import HeadSplitStore
 from kvtier.integrations.vllm.kv_heads import KvHeads
+from kvtier.integrations.vllm.kv_lanes import build_lanes
 from kvtier.integrations.vllm.layer_loads import LayerwiseLoads
 from kvtier.integrations.vllm.load_times import LoadTimes
 from kvtier.integrations.vllm.sync_loads import PREFETCH_DEPTH, SyncLoader, SyncLoadResult
@@ -78,12 +79,11 @@ from kvtier.integrations.vllm.reports import TierReports
 from kvtier.integrations.vllm.step_timing import ForwardTimer
 from kvtier.promoter import run_in_thread_on_any_cpu
 from kvtier.read_speed import ReadSpeeds
-from kvtier.tiers.protocol import Deadline, Status
+from kvtier.tiers.protocol import Deadline
 from kvtier.transfer.blocks import BlockCopier
 from kvtier.transfer.host_buffers import HostBuffer
 from kvtier.transfer.page_layout import LayoutError, PageLayout
-from kvtier.transfer.streams import Streams, streams_for
-from kvtier.transfer.views import KVViews, derive_views, head_views
+from kvtier.transfer.streams import Streams
 
 if TYPE_CHECKING:
     import torch
@@ -115,15 +115,10 @@ class ChunkStore(Protocol):
 #: for a load to finish: the most a request arriving at such an idle engine waits more (vLLM's
 #: EngineCore sleeps 1 ms in such a step; 20 ms is noise next to a load of network chunks).
 IDLE_WAIT_S = 0.02
-SAVE_BUFFERS = 2     # host buffers of the save lane: one chunk's gather runs while the previous one is put
 
 
 class UnsupportedEngine(RuntimeError):
     """An engine kvtier cannot serve, with ``connector.on_unsupported: fail`` (the engine does not start)."""
-
-
-def _natural_key(name: str) -> list:
-    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name)]
 
 
 class WorkerSide:
@@ -178,32 +173,22 @@ class WorkerSide:
         self._async_errors: set[int] = set()
         self._failed_async_now: list[str] = []
         self.speeds = read_speeds if read_speeds is not None else ReadSpeeds()
+        self._reads = ChunkReads(self.store, self.speeds, promote_background=self.promote_background)
         self._speeds_sent = -1                       # ReadSpeeds.version last reported
         self._timer = ForwardTimer()                  # this step's forward pass
 
     # -- setup -----------------------------------------------------------------------------
     def register(self, kv_caches: dict[str, "torch.Tensor"]) -> None:
-        names = sorted(kv_caches, key=_natural_key)
-        if self.groups is not None and self.groups.hybrid:
-            names = sorted(self.groups.groups[0].layers, key=_natural_key)
-        layers = [kv_caches[n] for n in names]
         try:
-            check_overlay(self.groups, kv_caches, layers)
-            views = derive_views(layers, self.block_size, expected=self.layout, names=names)
-            heads = self._head_views(views, names)
-            streams = self._streams if self._streams is not None else streams_for(views.device)
+            lanes = build_lanes(kv_caches, groups=self.groups, layout=self.layout, block_size=self.block_size,
+                                blocks_per_chunk=self.blocks_per_chunk, kv_heads=self.kv_heads, streams=self._streams)
         except (LayoutError, ValueError) as e:
             self._unsupported(str(e))
             return
-        self.layers, self.layer_names = views.layers, names
-        self._copiers = {lane: BlockCopier(views, self.blocks_per_chunk, streams, slices=heads)
-                         for lane in ("save", "load", "layers", "async")}
-        save = self._copiers["save"]
-        buffers = [save.new_buffer() for _ in range(SAVE_BUFFERS)]
-        self.shape = save.chunk_shape()
-        self.dtype_name = str(views.dtype).removeprefix("torch.")
-        self.chunk_nbytes = buffers[0].nbytes
-        self._save_target = SaveTarget(save, buffers, tuple(self.shape), self.dtype_name, self.chunk_nbytes)
+        views, self._copiers, self._save_target = lanes.views, lanes.copiers, lanes.save
+        self.layers, self.layer_names = views.layers, lanes.names
+        self.shape, self.dtype_name = lanes.save.shape, lanes.save.dtype_name
+        self.chunk_nbytes = self._reads.chunk_nbytes = lanes.save.chunk_nbytes
         self.disabled = None
         # vLLM-cpu binds the worker to its compute core(s): background threads (disk writes, promotion,
         # prefault) would compete with the forward pass there, so they may run on any CPU; the load's
@@ -215,20 +200,9 @@ class WorkerSide:
         else:
             self._start_background_threads()
         log.info("kvtier: registered %d KV layers on %s, layout %s (%s), chunk payload %s %s (%d bytes)",
-                 len(layers), views.device, views.layout.name,
+                 len(self.layers), views.device, views.layout.name,
                  "one allocation" if views.stacked is not None else "separate tensors", self.shape,
                  self.dtype_name, self.chunk_nbytes)
-
-    def _head_views(self, views: KVViews, names: list[str]) -> list[KVViews] | None:
-        """Per KV head views (chunks stored per KV head), None per rank; ValueError when the views do not hold
-        the heads ``kv_heads`` says this rank holds."""
-        if self.kv_heads is None:
-            return None
-        got = int(views.layers[0].shape[1])
-        if got != self.kv_heads.count:
-            raise ValueError(f"the KV views hold {got} KV heads, the model's {self.kv_heads.total} over the TP ranks "
-                             f"give this rank {self.kv_heads.count}")
-        return head_views(views, self.block_size, names)
 
     def _unsupported(self, reason: str) -> None:
         """This engine cannot be served: fail the start, or serve without the cache when the operator chose so."""
@@ -254,24 +228,8 @@ class WorkerSide:
 
     # -- load --------------------------------------------------------------------------------
     def _read_chunk(self, key: bytes, buf: HostBuffer) -> tuple[bool, str | None]:
-        """(prefetch thread) Fill ``buf`` with chunk ``key`` from the local tiers only (a
-        synchronous load never waits on the network); (ok, error kind). The buffer is claimed
-        first: a copy to the device of what it held may still be in flight."""
-        promote = False if self.promote_background else None
-        tier = self.store.where(key)
-        t0 = time.perf_counter()
-        try:
-            n = self.store.get_into(key, buf.claim().bytes(), promote=promote, local_only=True)
-        except Exception as e:  # a broken tier is a miss
-            log.warning("kvtier: get failed: %s", e)
-            return False, "store_exception"
-        if n is None:
-            return False, "miss"
-        if n != self.chunk_nbytes:
-            return False, "size"
-        if tier is not None:
-            self.speeds.record(tier, n, time.perf_counter() - t0)
-        return True, None
+        """(reader thread) Chunk ``key`` from the local tiers into ``buf`` (``ChunkReads.local``)."""
+        return self._reads.local(key, buf)
 
     @property
     def _buffers(self) -> list[HostBuffer]:
@@ -386,26 +344,9 @@ class WorkerSide:
                                       ordering=copier)
         self._async.submit(plan)
 
-    def _read_async(self, key: bytes, buf: "torch.Tensor", deadline: float) -> tuple[bool, str | None, Any]:
-        """(reader thread) Read ``key`` top-down into ``buf``; the meta to promote when it came from
-        the shared tier (the loader promotes in request order, after the block copy)."""
-        tier = self.store.where(key)
-        t0 = time.perf_counter()
-        try:
-            res = self.store.read_into([key], [buf.claim().bytes()], Deadline(deadline), promote=False,
-                                       lent=True)[0]   # the loader drops its ring after a failed read
-        except Exception as e:  # a broken tier is a miss
-            log.warning("kvtier: get failed: %s", e)
-            return False, "store_exception", None
-        meta = res.meta if res.status is Status.HIT else None
-        if meta is None:
-            if res.status is Status.UNAVAILABLE:
-                self.speeds.failed(tier or "shared")
-            return False, "miss", None
-        if meta.payload_len != self.chunk_nbytes:
-            return False, "size", None
-        self.speeds.record(tier or "shared", meta.payload_len, time.perf_counter() - t0)
-        return True, None, None if tier is not None else meta
+    def _read_async(self, key: bytes, buf: HostBuffer, deadline: float) -> tuple[bool, str | None, Any]:
+        """(reader thread) Chunk ``key`` from any tier into ``buf`` (``ChunkReads.any_tier``)."""
+        return self._reads.any_tier(key, buf, deadline)
 
     @property
     def _async_buf(self) -> list[HostBuffer] | None:
