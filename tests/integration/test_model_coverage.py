@@ -95,10 +95,10 @@ def test_gemma_hits_from_every_tier_match_vllm_alone(gemma_runs, tier, role, pro
 
 
 # -- seeded random-initialised tiny checkpoints (``kvtier.models.tiny``) ---------------------------------
-def _hits_equal_cold(model: Path, tmp: Path, dtype: str = "float32") -> list[str]:
+def _hits_equal_cold(model: Path, tmp: Path, *extra: str, dtype: str = "float32") -> list[str]:
     """RAM and SSD hits equal a cold recompute in the same engine (its greedy ids and top-k logprobs); the
-    namespaces' layouts of the chunks written."""
-    disk = ("--disk", str(tmp / "disk"))
+    namespaces' layouts of the chunks written. ``extra``: more driver arguments."""
+    disk = ("--disk", str(tmp / "disk"), *extra)
     writer = _run("writer", model, tmp / "writer.json", *disk, "--log", str(tmp / "writer.log"), dtype=dtype)
     ssd = _run("reader", model, tmp / "ssd.json", *disk, "--tier", "ssd", "--log", str(tmp / "ssd.log"), dtype=dtype)
     block = writer["engine"]["block_size"]
@@ -112,8 +112,10 @@ def _hits_equal_cold(model: Path, tmp: Path, dtype: str = "float32") -> list[str
 
 def test_every_layer_windowed_hits_from_ram_and_ssd_equal_a_cold_recompute(tiny_model, tmp_path):
     """A tiny Mistral whose every layer has a 256-token window (one sliding-window group): only the window
-    is loaded (the hit at 1,024 loads blocks 6-7), outputs unchanged."""
-    assert _hits_equal_cold(tiny_model("mistral-swa"), tmp_path) == ["lbhnc/sliding_window256x2"]
+    is loaded (the hit at 1,024 loads blocks 6-7), outputs unchanged. Its chunks are stored per KV head
+    (``tp_layout: per-kv-head``; the bundled Gemma 3 covers a window stored per rank)."""
+    assert _hits_equal_cold(tiny_model("mistral-swa"), tmp_path, "--tp-layout", "per-kv-head") == \
+        ["lbhnc/sliding_window256x2/kvhead"]
 
 
 def test_mla_hits_equal_a_cold_recompute_or_are_refused_where_vllm_cannot_use_them(tiny_model, tmp_path):
