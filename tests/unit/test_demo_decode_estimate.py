@@ -94,12 +94,15 @@ def fake_facts(size) -> WorkloadFacts:
 
 def test_sizing_with_decode_picks_a_smaller_live_run_for_the_same_target():
     fast, slow = profile(()), profile(((1, 0.06), (4, 0.09)))
-    # one interleaving (8 users): the comparison is between the two machines, not across interleavings
-    a = size_companion(companion.DEFAULT, fast, 40.0, 900, fake_facts, users=8)
-    b = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts, users=8)
+    # one interleaving (8 users): the comparison is between the two machines, not across interleavings;
+    # the quick demo's 6-minute target (the search's cost grows with the target: 9 vs 4 conversations
+    # here, 38 vs 20 at 15 minutes)
+    target = companion.QUICK.target_s
+    a = size_companion(companion.DEFAULT, fast, 40.0, target, fake_facts, users=8)
+    b = size_companion(companion.DEFAULT, slow, 40.0, target, fake_facts, users=8)
     assert b.size.conversations < a.size.conversations
     assert estimate(slow, 40.0, b.size, b.facts, "live", b.regime)[0] == pytest.approx(b.estimate_s)
-    w = size_companion(companion.DEFAULT, slow, 40.0, 900, fake_facts, history="workload", users=8)
+    w = size_companion(companion.DEFAULT, slow, 40.0, target, fake_facts, history="workload", users=8)
     assert w.size.conversations >= b.size.conversations     # workload history generates max_tokens (8) only
 
 
