@@ -10,6 +10,9 @@ msgpack as vLLM's subscriber example does, and checks:
 - there were removals in both media (the tiers evicted);
 - every kvtier block hash is one vLLM's own prefix cache announced (medium GPU) for the same
   tokens, and each event's parent hash, token ids and block size are those of its blocks.
+
+The engine and the subscriber are a ``beside`` job (tests/integration/conftest.py): in a full run they
+run beside the layer-pipelined load test's engine.
 """
 
 from __future__ import annotations
@@ -76,19 +79,21 @@ class Subscriber:
         self.ctx.term()
 
 
-@pytest.fixture(scope="module")
-def run(bundled_model, tmp_path_factory):
-    d = tmp_path_factory.mktemp("kvtier-kv-events")
+def run_events(model: Path, d: Path, core: str | None) -> tuple[dict, list, list[str]]:
+    """The engine part (a ``beside`` job, tests/integration/conftest.py): (the driver's result, the
+    ``(seq, KVEventBatch)`` batches the subscriber got, decoding errors)."""
     port = free_port()
     sub = Subscriber(port)
     out, release, err = d / "result.json", d / "release", d / "driver.stderr"
     env = dict(os.environ)
     for k in [k for k in env if k.startswith("KVTIER_STORE__")]:
         env.pop(k)
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = core
     proc = None
     try:
         with open(err, "w") as ef:
-            proc = subprocess.Popen([sys.executable, str(DRIVER), "--model", str(bundled_model), "--disk",
+            proc = subprocess.Popen([sys.executable, str(DRIVER), "--model", str(model), "--disk",
                                      str(d / "ssd"), "--endpoint", f"tcp://{HOST}:{port}", "--out", str(out),
                                      "--release", str(release)],
                                     env=env, stdout=subprocess.DEVNULL, stderr=ef, text=True)
@@ -98,13 +103,18 @@ def run(bundled_model, tmp_path_factory):
         sub.quiet(2.0, timeout=30)          # the publisher thread sends the last batches
         release.touch()
         result = driver_result(proc, out, err, "kv-events driver", timeout=120)
-        yield result, sub.batches, sub.errors
+        return result, sub.batches, sub.errors
     finally:
         release.touch()
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
         sub.stop()
+
+
+@pytest.fixture(scope="module")
+def run(beside):
+    return beside.result("kv_events", timeout=600)
 
 
 def _h(h):

