@@ -15,6 +15,7 @@ from kvtier.demo.cluster_sizing import (ENGINE_MULTIPLE, LOCAL_MAX_SHARE, VANILL
                                         companion_sizes, default_runs, plan_cluster, split, sticky_replica)
 from kvtier.demo.common import DEMO_CHUNK_TOKENS
 from kvtier.workload.tokens import ApproxTokenizer
+from tests.unit.memo_tokenizer import Encoded, MemoApproxTokenizer
 
 PROFILE = PrefillProfile(points=((256, 1.2), (1024, 5.8)), a=0.87, b=8.4e-5, c=4.6e-6,
                          decode_points=((1, 0.07), (4, 0.098)))
@@ -25,6 +26,7 @@ AVX2 = dataclasses.replace(fit_profile([(256, 1.122), (512, 2.357), (1024, 5.221
 AVX512 = dataclasses.replace(fit_profile([(256, 0.345), (512, 0.742), (1024, 1.835)], elapsed_s=5.7),
                              decode_points=((1, 0.028), (4, 0.0295)))
 STARTUP_S = {"avx2": 46.8, "avx512": 25.1}
+ENCODED = Encoded()          # the approximate tokenizer's texts, encoded once (tests/unit/memo_tokenizer.py)
 
 
 def test_split_roundrobin_alternates_and_sticky_keeps_conversations():
@@ -40,7 +42,7 @@ def test_split_roundrobin_alternates_and_sticky_keeps_conversations():
 @pytest.mark.parametrize("workload", ["companion", "longdoc"])
 @pytest.mark.parametrize("quick", [True, False])
 def test_plan_capacities_hold_a_replicas_share_not_the_cluster(workload, quick):
-    plan = plan_cluster(workload, quick, 2, ApproxTokenizer(), PROFILE, kv_bytes_per_token=46080)
+    plan = plan_cluster(workload, quick, 2, MemoApproxTokenizer(ENCODED), PROFILE, kv_bytes_per_token=46080)
     c = plan.capacities
     assert plan.facts.requests >= 15                     # a few dozen requests per run
     assert c.ssd_tokens <= LOCAL_MAX_SHARE * c.working_set_tokens + DEMO_CHUNK_TOKENS
@@ -66,7 +68,8 @@ def sized(request):
     cpu, quick = request.param
     profile = AVX2 if cpu == "avx2" else AVX512
     base = companion_sizes()["quick" if quick else "default"]
-    return cpu, quick, choose_interleaving(base, 2, ApproxTokenizer(), profile, 46080, runs=default_runs(quick),
+    return cpu, quick, choose_interleaving(base, 2, MemoApproxTokenizer(ENCODED), profile, 46080,
+                                           runs=default_runs(quick),
                                            startup_s=STARTUP_S[cpu], calibration_s=profile.elapsed_s)
 
 
@@ -103,7 +106,8 @@ def test_a_few_interleaved_users_do_not_reach_the_regime():
     """The earlier sizes (8 users, 14 conversations default; 6 and 8 quick) put vanilla far above the bound."""
     for key in ("default", "quick"):
         base = companion_sizes()[key]
-        it = choose_interleaving(base, 2, ApproxTokenizer(), AVX512, 46080, runs=default_runs(key == "quick"))
+        it = choose_interleaving(base, 2, MemoApproxTokenizer(ENCODED), AVX512, 46080,
+                                 runs=default_runs(key == "quick"))
         first = it.tried[0]
         assert first.users == base.concurrency and first.vanilla_rr > VANILLA_BOUND
 
@@ -116,7 +120,8 @@ def test_candidate_sizes_scale_lengths_and_interleave_more_conversations_than_us
 
 
 def test_plan_is_seeded():
-    a = plan_cluster("companion", True, 2, ApproxTokenizer(), PROFILE, 46080)
+    # (and the memoised tokenizer the other tests use plans exactly what the plain one does)
+    a = plan_cluster("companion", True, 2, MemoApproxTokenizer(ENCODED), PROFILE, 46080)
     b = plan_cluster("companion", True, 2, ApproxTokenizer(), PROFILE, 46080)
     assert [c.id for c in a.conversations] == [c.id for c in b.conversations]
     assert a.capacities == b.capacities and a.sizing == b.sizing
@@ -124,4 +129,4 @@ def test_plan_is_seeded():
 
 def test_unknown_workload():
     with pytest.raises(ValueError, match="unknown workload"):
-        plan_cluster("poetry", True, 2, ApproxTokenizer(), PROFILE, 46080)
+        plan_cluster("poetry", True, 2, MemoApproxTokenizer(ENCODED), PROFILE, 46080)

@@ -25,7 +25,7 @@ from kvtier.sim.stackdist import MissRatioCurve
 from kvtier.workload.companion import generate_companion
 from kvtier.workload.format import Workload
 from kvtier.workload.stats import workload_stats
-from kvtier.workload.tokens import ApproxTokenizer
+from tests.unit.memo_tokenizer import Encoded, MemoApproxTokenizer
 
 # the 2-vCPU AVX2 machine's calibration (float32): 256 / 512 / 1024 tokens in 1.12 / 2.36 / 5.22 s
 AVX2 = dataclasses.replace(fit_profile([(256, 1.122), (512, 2.357), (1024, 5.221)], elapsed_s=18.3),
@@ -33,32 +33,7 @@ AVX2 = dataclasses.replace(fit_profile([(256, 1.122), (512, 2.357), (1024, 5.221
 FACTS = ModelFacts(path=Path("/nonexistent/model"), kv_bytes_per_token=46_080, max_model_len=8192, dtype="float32")
 
 
-class MemoApproxTokenizer(ApproxTokenizer):
-    """The approximate tokenizer with each distinct text encoded once (``encoded``, shared) and each
-    chat prompt rendered once (per instance): the same ids. The sizing searches below generate
-    hundreds of workloads whose turns repeat the same messages, and the facts read each workload's
-    prompts three times; re-hashing their 4-character pieces was most of this module's time."""
-
-    def __init__(self, encoded: dict[str, list[int]]) -> None:
-        super().__init__()
-        self._encoded = encoded
-        self._rendered: dict[tuple[tuple[str, str], ...], list[int]] = {}
-
-    def encode(self, text: str) -> list[int]:
-        ids = self._encoded.get(text)
-        if ids is None:
-            ids = self._encoded[text] = super().encode(text)
-        return list(ids)
-
-    def render_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        key = tuple((m["role"], m["content"]) for m in messages)
-        ids = self._rendered.get(key)
-        if ids is None:
-            ids = self._rendered[key] = super().render_chat(messages)
-        return list(ids)
-
-
-ENCODED: dict[str, list[int]] = {}
+ENCODED = Encoded()          # the texts this module's workloads encode (tests/unit/memo_tokenizer.py)
 
 
 def facts_of(size) -> WorkloadFacts:
@@ -71,7 +46,7 @@ def facts_of(size) -> WorkloadFacts:
 def _facts_of_spec(spec) -> WorkloadFacts:
     header, convs = generate_companion(spec)
     wl = Workload(header=header, conversations=convs)
-    tok = MemoApproxTokenizer(ENCODED)
+    tok = MemoApproxTokenizer(ENCODED, render_once=True)       # its prompts are read three times
     st = workload_stats(wl, tok, block_size=128)
     return WorkloadFacts(requests=st.requests, prompt_tokens=st.total_prompt_tokens, ideal_hit_tokens=st.ideal_hit_tokens,
                          think_s=sum(t.think_time_s for c in convs for t in c.turns[1:]),

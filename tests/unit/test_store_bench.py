@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,12 +171,13 @@ def test_cli_writes_json_and_markdown_next_to_it(tmp_path: Path, monkeypatch, ti
         return real(path, 1 << 20, quick, log=log, repeat=repeat, recovery_chunks=10, lookup_reps=3)
     monkeypatch.setattr(store_bench, "run", small)
     out = tmp_path / "res" / "store.json"
-    res = CliRunner().invoke(app, ["bench", "store", "--disk-path", str(tmp_path / "d"), "--repeats", "2",
-                                   "--json", str(out)])
+    args = ["bench", "store", "--disk-path", str(tmp_path / "d"), "--repeats", "2", "--json", str(out)]
+    monkeypatch.setattr(sys, "argv", ["kvtier", *args])      # the command line the record names (not the runner's)
+    res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert seen["repeat"] == 2
     data = json.loads(out.read_text())
-    assert data["repeat"] == 2 and data["command"].startswith("kvtier ")
+    assert data["repeat"] == 2 and data["command"] == "kvtier " + " ".join(args)
     assert (tmp_path / "res" / "store.md").read_text().startswith("# kvtier store benchmark")
 
 
