@@ -6,6 +6,7 @@ a working manager from it (paths moved to temp directories)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -67,10 +68,14 @@ def test_vllms_tiering_spec_builds_a_working_manager_from_the_example(tmp_path):
         prim[out.store_spec.chunk_ids[0]] = 5
         manager.complete_store(k, req)
         step = ScheduleEndContext(new_req_ids=(), preempted_req_ids=())
-        for _ in range(10_000):
+        # scheduler steps until the store job is done (its write is a background thread's: a count of
+        # steps would be a hidden speed bound, missed on a busy machine)
+        end = time.monotonic() + 30
+        while True:
             manager.on_schedule_end(step)
-            if not manager.has_pending_work():
+            if not manager.has_pending_work() or time.monotonic() > end:
                 break
+            time.sleep(0.002)
         assert not manager.has_pending_work()
         assert tier.lookup(k[0], req) is LookupResult.HIT
         assert tier.store.flush(30)
