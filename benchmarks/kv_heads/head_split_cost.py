@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -104,13 +105,16 @@ class Sizes:
 @dataclass
 class Site:
     """One backend: where a pass writes (``write_root``) and where the fresh store reads (``read_root``:
-    the second JuiceFS mount; the same directory on ``disk``); ``valkey``: the server, for Valkey."""
+    the second JuiceFS mount; the same directory on ``disk``); ``valkey``: the server, for Valkey.
+    ``settle``: sync and drop the page cache before SSD loads, sync after removals (off: tests, whose
+    timings mean nothing, skip the machine-wide syncs)."""
 
     backend: str
     write_root: Path
     read_root: Path
     valkey: Any = None
     wait_visible: Callable[[Path, Path], None] | None = None
+    settle: bool = True
 
     def config(self, sub: str, read: bool, sizes: Sizes) -> StoreConfig:
         """The store of one pass: only this backend's tier (RAM tier off), queues that hold a whole pass."""
@@ -140,7 +144,7 @@ class Site:
 
     def before_load(self, sub: str) -> None:
         """Untimed: the chunk files out of the page cache (disk), visible through the other mount (JuiceFS)."""
-        if self.backend == "disk":
+        if self.backend == "disk" and self.settle:
             drop_page_cache([str(p) for p in (self.write_root / sub).rglob("*") if p.is_file()])
         elif self.wait_visible is not None:
             self.wait_visible(self.write_root / sub, self.read_root / sub)
@@ -159,8 +163,10 @@ class Site:
                 client.flushall()
             finally:
                 client.close()
-        else:
+        elif self.settle:
             remove_settled(self.write_root / sub)
+        else:
+            shutil.rmtree(self.write_root / sub, ignore_errors=True)
 
 
 def _tier_throughput_module() -> Any:
@@ -172,11 +178,11 @@ def _tier_throughput_module() -> Any:
     return mod
 
 
-def open_site(backend: str, stack: ExitStack, tmp: Path) -> Site:
-    """Start what ``backend`` needs under ``tmp`` (stopped when ``stack`` closes)."""
+def open_site(backend: str, stack: ExitStack, tmp: Path, settle: bool = True) -> Site:
+    """Start what ``backend`` needs under ``tmp`` (stopped when ``stack`` closes); ``settle``: ``Site.settle``."""
     if backend == "disk":
         (tmp / "disk").mkdir(parents=True, exist_ok=True)
-        return Site("disk", tmp / "disk", tmp / "disk")
+        return Site("disk", tmp / "disk", tmp / "disk", settle=settle)
     if backend == "juicefs":
         tt = _tier_throughput_module()
         a, b = tt.juicefs_dirs(stack, tmp / "jfs")
@@ -333,7 +339,10 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     chunks = a.chunks or max(1, round(2**29 / (a.chunk_tokens * KV_BYTES_PER_TOKEN)))
-    sizes = Sizes(a.chunk_tokens, chunks)
+    try:
+        sizes = Sizes(a.chunk_tokens, chunks)
+    except ValueError as e:
+        ap.error(str(e))
     backends = [b.strip() for b in a.backends.split(",") if b.strip()]
     unknown = [b for b in backends if b not in BACKENDS]
     if unknown or a.rounds < 1:
