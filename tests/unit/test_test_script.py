@@ -1,6 +1,6 @@
-"""scripts/test.sh (`make test`): the unit suite, then the integration suite, one at a time and at the
-caller's priority; both always run, and the exit status fails when either failed or collected nothing
-(a fake python stands in for pytest)."""
+"""scripts/test.sh (`make test`): the unit suite (on every core when pytest-xdist is there), then the
+integration suite, one at a time and at the caller's priority; both always run, and the exit status
+fails when either failed or collected nothing (a fake python stands in for pytest)."""
 
 from __future__ import annotations
 
@@ -13,12 +13,14 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _fake_python(tmp_path: Path, integ_rc: int, unit_rc: int) -> Path:
+def _fake_python(tmp_path: Path, integ_rc: int, unit_rc: int, xdist: bool = True) -> Path:
     """A python that logs each pytest run's start and end (with its arguments and nice value) and exits
-    with the given status; each run sleeps a little so overlapping runs would interleave in the log."""
+    with the given status; each run sleeps a little so overlapping runs would interleave in the log.
+    ``python -c ...`` (the script's probe for pytest-xdist) succeeds when ``xdist``."""
     calls = tmp_path / "calls"
     fake = tmp_path / "python"
     fake.write_text(f"""#!/bin/bash
+[ "$1" = "-c" ] && exit {0 if xdist else 1}
 case "$*" in
   *"not integration"*) kind=unit; rc={unit_rc};;
   *) kind=integ; rc={integ_rc};;
@@ -33,10 +35,11 @@ exit $rc
     return fake
 
 
-def _run(tmp_path: Path, integ_rc: int, unit_rc: int) -> tuple[subprocess.CompletedProcess, list[str]]:
-    fake = _fake_python(tmp_path, integ_rc, unit_rc)
+def _run(tmp_path: Path, integ_rc: int, unit_rc: int, xdist: bool = True,
+         workers: str = "2") -> tuple[subprocess.CompletedProcess, list[str]]:
+    fake = _fake_python(tmp_path, integ_rc, unit_rc, xdist)
     proc = subprocess.run(["bash", str(ROOT / "scripts" / "test.sh"), "--durations=3"], capture_output=True,
-                          text=True, env={**os.environ, "PY": str(fake)}, timeout=60)
+                          text=True, env={**os.environ, "PY": str(fake), "UNIT_WORKERS": workers}, timeout=60)
     return proc, (tmp_path / "calls").read_text().splitlines()
 
 
@@ -55,6 +58,14 @@ def test_unit_suite_runs_first_and_alone(tmp_path):
     unit, integ = calls[0], calls[2]
     assert "-m not integration" in unit and "--durations=3" in unit
     assert "-m integration --durations=3" in integ
+
+
+@pytest.mark.parametrize("xdist,workers,want", [(True, "2", "-n 2 "), (True, "1", ""), (False, "2", "")])
+def test_unit_suite_uses_a_worker_per_core_when_it_can(tmp_path, xdist, workers, want):
+    _, calls = _run(tmp_path, 0, 0, xdist, workers)
+    unit, integ = calls[0], calls[2]
+    assert f"-p no:cacheprovider {want}--durations=3" in unit, unit
+    assert "-n " not in integ                                           # the integration suite: one process
 
 
 def test_neither_suite_is_niced(tmp_path):
