@@ -14,7 +14,8 @@ ROLE is one of
              shared`` only the shared directory (no SSD)
   With ``--tp 2`` the engine runs two tensor-parallel ranks (one core each); ``--corrupt-rank R`` (reader)
   first corrupts every chunk file rank R wrote, so that rank's loads fail while the others' succeed;
-  ``--tp-layout per-kv-head`` stores chunks per KV head (any TP size reads them).
+  ``--tp-layout per-kv-head`` stores chunks per KV head (any TP size reads them); ``--vllm-hit`` (writer) runs
+  each prompt a second time on vLLM's own prefix cache, the oracle where a cold run computes differently.
   start      kvtier with RAM (``--on-unsupported`` as given): start the engine, generate once; an engine
              kvtier refuses ends the process with its error on stderr
 
@@ -87,6 +88,7 @@ def main() -> int:
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--corrupt-rank", type=int)
     ap.add_argument("--tp-layout", default="per-rank", choices=["per-rank", "per-kv-head"])
+    ap.add_argument("--vllm-hit", action="store_true", help="writer: each prompt again on vLLM's own prefix cache")
     args = ap.parse_args()
 
     from kvtier.runtime import apply_vllm_env
@@ -125,6 +127,8 @@ def main() -> int:
     elif args.role == "writer":
         for name, p in prompts.items():
             ph.run(f"cold_{name}", {name: p})
+            if args.vllm_hit:
+                ph.run(f"vllm_{name}", {name: p}, reset_prefix_cache=False)   # vLLM's own hit: the oracle
         cd._flush_store()
         for name, p in prompts.items():
             ph.run(f"ram_{name}", {name: p})      # vLLM's prefix cache reset: the hit comes from kvtier

@@ -135,17 +135,28 @@ def test_mla_hits_equal_a_cold_recompute_or_are_refused_where_vllm_cannot_use_th
     assert len(served["doc_1100"]["requests"][0]["ids"]) == 32      # served without the cache meanwhile
 
 
-def test_a_mamba_hybrid_is_refused_at_start_with_the_reason_and_serves_without_the_cache(tiny_model, tmp_path):
-    """Qwen3-Next-style Gated DeltaNet + attention (bfloat16: vLLM's CPU GDN kernel needs it): vLLM serves it
-    with prefix caching ("align" mode), but kvtier does not store per-chunk Mamba state: refused at start."""
+def test_a_mamba_hybrids_state_hits_equal_vllms_own_prefix_cache_hit(tiny_model, tmp_path):
+    """Qwen3-Next-style Gated DeltaNet + attention (bfloat16: vLLM's CPU GDN kernel needs it), vLLM's "align"
+    prefix caching (block 384): each chunk is one block and carries the state at its end, taken from the block
+    vLLM offers for that boundary. A RAM hit and an SSD hit (new process) load the attention KV and only the
+    state at the hit; their greedy ids and top-k logprobs equal vLLM's own prefix-cache hit of the same prompt
+    (a cold bfloat16 prefill computes the state in other steps, so it is not the oracle), HMA on."""
     model = tiny_model("qwen3-next")
-    with pytest.raises(AssertionError) as failed:
-        _run("start", model, tmp_path / "refused.json", dtype="bfloat16")
-    assert "kvtier cannot serve this engine" in str(failed.value) and "MambaSpec" in str(failed.value)
-    assert "on_unsupported: serve-without-cache" in str(failed.value)
-    served = _run("start", model, tmp_path / "served.json", "--on-unsupported", "serve-without-cache",
-                  dtype="bfloat16")
-    assert served["engine"]["hma_disabled"] is False and len(served["doc_1100"]["requests"][0]["ids"]) == 32
+    disk = ("--disk", str(tmp_path / "disk"))
+    writer = _run("writer", model, tmp_path / "writer.json", *disk, "--vllm-hit", dtype="bfloat16")
+    ssd = _run("reader", model, tmp_path / "ssd.json", *disk, "--tier", "ssd", dtype="bfloat16")
+    assert writer["engine"]["hma_disabled"] is False
+    block = writer["engine"]["block_size"]
+    for prompt, length in (("doc_1100", 1100), ("doc_700", 700)):
+        hit = (length - 1) // block * block
+        oracle = writer[f"vllm_{prompt}"]["requests"][0]
+        assert oracle["num_cached_tokens"] == hit, prompt                       # vLLM's own hit, same length
+        for phase in (writer[f"ram_{prompt}"], ssd[f"ssd_{prompt}"]):
+            (req,) = phase["requests"]
+            assert not mismatches(oracle, req, EXACT_TOL), prompt
+            assert req["num_cached_tokens"] == hit == phase["vllm"]["vllm:external_prefix_cache_hits"], prompt
+    spaces = [json.loads(p.read_text())["namespace"] for p in (tmp_path / "disk").glob("*/namespace.json")]
+    assert [(ns["layout"], ns["chunk_size"]) for ns in spaces] == [("lbhnc/mambax1,mambax1,mambax1,fullx1", block)]
 
 
 def test_tp2_ranks_save_and_load_their_share_and_one_rank_failing_recomputes_on_every_rank(tiny_model, tmp_path):

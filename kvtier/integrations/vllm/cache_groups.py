@@ -22,10 +22,22 @@ token ``end`` (its last ``window - 1`` tokens): vLLM gives the blocks before the
 sliding-window block outside the window, replaced by the null block) is never made
 (``saveable``); the request saves no later chunk either (its chain would have a gap).
 
-Groups kvtier refuses (``cache_groups`` raises ``UnsupportedGroups`` with the reason): Mamba and
-linear-attention state (vLLM keeps one state per request, not per token; its "align" prefix caching
-would need the state at each chunk boundary, which kvtier does not store), chunked-local attention,
-cross/encoder attention, circular buffers, and groups whose block sizes differ.
+Mamba / linear-attention state (Qwen3-Next's Gated DeltaNet, Jamba, Granite 4) in vLLM's "align" prefix-cache
+mode: block ``p`` of a request's Mamba table holds the state after exactly ``(p + 1) * block_size`` tokens, and
+vLLM makes the attention page size equal to the state's (padded), so a state is one page of the shared
+allocation. A chunk is then one block (``chunk_size`` = the engine's block size: a state exists only at block
+ends), its Mamba part the state at the chunk's end, taken from the exact block vLLM offers for that boundary
+(``KVConnectorBlockState.boundary_state_offloads``: the table is not append-only). vLLM keeps a state only at
+some boundaries (a prompt's last block boundary, and each one decode crosses), so Mamba parts are *leaves*:
+stored where vLLM offered the state, their parent the chunk's last chained part (``chain_parts``), never in the
+chain that prefix lookups walk. A hit ends at the last chunk of the chain whose every Mamba part is held, and
+loads of a Mamba group only the block of the state at its end (``first_needed_block``); vLLM gives the blocks
+before it the null block, as for a sliding window (``sparse``).
+
+Groups kvtier refuses (``cache_groups`` raises ``UnsupportedGroups`` with the reason): Mamba state without
+"align" mode (vLLM keeps one running state per request: nothing to store per chunk) or with speculative blocks,
+a model with no attention group, chunked-local attention, cross/encoder attention, circular buffers, and groups
+whose block sizes differ.
 
 No I/O; imports vLLM's spec classes only inside ``cache_groups``.
 """
@@ -42,7 +54,7 @@ if TYPE_CHECKING:
 NULL_BLOCK = 0          # vLLM's null block (``BlockPool.null_block``): never read into a chunk, never written
 _PART_PERSON = b"kvtier-part"    # BLAKE2b personalisation of part keys
 
-GroupKind = Literal["full", "sliding_window", "mla"]
+GroupKind = Literal["full", "sliding_window", "mla", "mamba"]
 
 
 class UnsupportedGroups(ValueError):
@@ -67,6 +79,8 @@ class CacheGroup:
         """The first block vLLM keeps (non-null) for computing token ``end`` onwards (tokens
         ``[0, end)`` computed): for a sliding window, the blocks before ``end - window + 1`` are
         vLLM's null block (``get_num_skipped_tokens``); every block otherwise."""
+        if self.kind == "mamba":          # the state after token ``end``: one block, ``end`` at its end
+            return max(0, end // self.block_size - 1)
         if self.kind != "sliding_window":
             return 0
         return max(0, end - self.window + 1) // self.block_size
@@ -93,11 +107,38 @@ class CacheGroups:
         return any(g.kind == "sliding_window" for g in self.groups)
 
     @property
+    def sparse(self) -> bool:
+        """A group vLLM gives the null block below what it keeps (a sliding window, Mamba state): never read or
+        written there."""
+        return any(g.kind in ("sliding_window", "mamba") for g in self.groups)
+
+    @property
+    def mamba(self) -> bool:
+        return any(g.kind == "mamba" for g in self.groups)
+
+    @property
+    def chain_parts(self) -> tuple[int, ...]:
+        """The parts every chunk has, in chain order: every group but Mamba state."""
+        return tuple(i for i, g in enumerate(self.groups) if g.kind != "mamba")
+
+    @property
+    def state_parts(self) -> tuple[int, ...]:
+        """The Mamba groups' parts: a chunk has them only where vLLM kept the state at its end (leaves off the
+        chain, ``chain_parts``' last part of the chunk their parent)."""
+        return tuple(i for i, g in enumerate(self.groups) if g.kind == "mamba")
+
+    @property
+    def view_group(self) -> int:
+        """The group whose registered layers are the page views (the first attention group: a Mamba layer
+        registers its state tensors, which overlay the same pages)."""
+        return next(i for i, g in enumerate(self.groups) if g.kind != "mamba")
+
+    @property
     def loads_whole(self) -> bool:
         """Loads must succeed or fail whole, reported per request: with several groups vLLM cannot map
         failed block ids back to requests, and with a sliding window a load cut at a failed block would
         leave vLLM recomputing from a point whose window holds null blocks."""
-        return self.hybrid or self.windowed
+        return self.hybrid or self.sparse
 
     @property
     def mla(self) -> bool:
@@ -157,22 +198,33 @@ def cpu_mla_refusal(groups: CacheGroups | None, vllm_config: Any) -> str:
 
 
 def check_overlay(groups: CacheGroups | None, kv_caches: dict[str, Any], first: Sequence[Any]) -> None:
-    """With several groups: every group's registered views are the first group's tensors ``first`` (vLLM
-    overlays the groups in one allocation); ValueError (one line) otherwise."""
+    """With several groups: every group's registered views are ``first`` (the view group's tensors: vLLM
+    overlays the groups in one allocation); a Mamba group's state tensors lie in the same allocation with the
+    same block stride. ValueError (one line) otherwise."""
     if groups is None or not groups.hybrid:
         return
 
     def ident(t: Any) -> tuple:
         return t.data_ptr(), tuple(t.shape), tuple(t.stride()), t.dtype
 
+    def storage(t: Any) -> tuple:
+        return t.untyped_storage().data_ptr(), t.stride(0) * t.element_size()
+
     want = {ident(t) for t in first}
-    for gi, grp in enumerate(groups.groups[1:], start=1):
+    pages = [storage(t) for t in first]
+    for gi, grp in enumerate(groups.groups):
         missing = [n for n in grp.layers if n not in kv_caches]
         if missing:
             raise ValueError(f"KV-cache group {gi} layer {missing[0]} was not registered")
-        if {ident(kv_caches[n]) for n in grp.layers} != want:
-            raise ValueError(f"KV-cache group {gi} does not overlay group 0 in vLLM's allocation (its views are "
-                             f"other tensors)")
+        if grp.kind == "mamba":
+            for i, n in enumerate(grp.layers):
+                states = kv_caches[n] if isinstance(kv_caches[n], (list, tuple)) else [kv_caches[n]]
+                if any(storage(t) != pages[i] for t in states):
+                    raise ValueError(f"KV-cache group {gi} (Mamba state of {n}) does not lie in the pages of the "
+                                     f"attention layers' allocation")
+        elif {ident(kv_caches[n]) for n in grp.layers} != want:
+            raise ValueError(f"KV-cache group {gi} does not overlay group {groups.view_group} in vLLM's allocation "
+                             f"(its views are other tensors)")
 
 
 def _group(spec: Any, layers: Sequence[str]) -> CacheGroup:
@@ -202,9 +254,14 @@ def _group(spec: Any, layers: Sequence[str]) -> CacheGroup:
             raise UnsupportedGroups(f"{name} with a window or chunk inside one group is not served")
         return CacheGroup("full", tuple(layers), block)
     if isinstance(spec, MambaSpec):
-        raise UnsupportedGroups(
-            f"{name} layers (Mamba / linear-attention state: one state per request, which kvtier does not "
-            f"store per chunk)")
+        mode = str(getattr(spec, "mamba_cache_mode", "none"))
+        if mode != "align":
+            raise UnsupportedGroups(
+                f"{name} layers in Mamba cache mode {mode!r} (one running state per request, none per block: "
+                f"kvtier stores Mamba state only with vLLM's 'align' prefix caching)")
+        if int(getattr(spec, "num_speculative_blocks", 0) or 0):
+            raise UnsupportedGroups(f"{name} layers with speculative blocks (their states move in place)")
+        return CacheGroup("mamba", tuple(layers), block)
     raise UnsupportedGroups(f"{name} layers are not served")
 
 
@@ -222,6 +279,8 @@ def cache_groups(kv_cache_config: "KVCacheConfig | None") -> CacheGroups | None:
     sizes = {g.block_size for g in out}
     if len(sizes) > 1:
         raise UnsupportedGroups(f"KV-cache groups with different block sizes {sorted(sizes)}")
+    if all(g.kind == "mamba" for g in out):
+        raise UnsupportedGroups("a model of Mamba state only (no attention layer whose pages kvtier copies)")
     counts = {len(g.layers) for g in out}
     if len(counts) > 1:
         raise UnsupportedGroups(f"KV-cache groups of unequal layer counts {sorted(counts)} (their pages would not "

@@ -178,7 +178,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if not reason:
             reason = cpu_mla_refusal(groups, vllm_config)
             try:
-                kv_heads = engine_kv_heads(vllm_config, cfg.connector.tp_layout, groups is not None and groups.mla)
+                kv_heads = engine_kv_heads(vllm_config, cfg.connector.tp_layout, groups is not None and groups.mla,
+                                           groups is not None and groups.mamba)
             except HeadShardingError as e:
                 reason = reason or f"connector.tp_layout per-kv-head: {e}"
             self._unsupported = bool(reason)
@@ -186,6 +187,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 raise UnsupportedEngine(f"kvtier cannot serve this engine ({engine}): {reason}. To run without "
                                         f"kvtier's cache, set connector.on_unsupported: serve-without-cache")
         store_cfg = cfg.store
+        if groups is not None and groups.mamba and store_cfg.chunk_size != block_size:
+            # Mamba state exists at block ends only: a chunk is one block (cache_groups.py)
+            log.info("kvtier: chunk size %d -> the engine's block size %d (a Mamba hybrid keeps state per block)",
+                     store_cfg.chunk_size, block_size)
+            store_cfg = store_cfg.model_copy(update={"chunk_size": block_size})
         if self._unsupported and store_cfg.chunk_size % block_size:
             # served without the cache: any chunk size the engine's blocks divide (nothing is stored)
             store_cfg = store_cfg.model_copy(update={"chunk_size": block_size * max(1, store_cfg.chunk_size // block_size)})

@@ -85,12 +85,14 @@ class KvHeads:
 
 
 
-def engine_kv_heads(vllm_config: Any, tp_layout: str, mla: bool) -> KvHeads | None:
+def engine_kv_heads(vllm_config: Any, tp_layout: str, mla: bool, mamba: bool = False) -> KvHeads | None:
     """This process's KV heads when chunks are stored per KV head (``tp_layout`` ``per-kv-head``, not MLA, whose
     latent has no heads and is TP-independent anyway); None per rank. HeadShardingError when the model's heads
-    do not shard over its TP ranks."""
+    do not shard over its TP ranks, or it keeps Mamba state (a state page has no KV heads)."""
     if tp_layout != "per-kv-head" or mla:
         return None
+    if mamba:
+        raise HeadShardingError("Mamba state pages have no KV heads to store apart; use tp_layout per-rank")
     from kvtier.integrations.vllm.namespace import parallel_ranks
 
     tp_size = int(vllm_config.parallel_config.tensor_parallel_size)

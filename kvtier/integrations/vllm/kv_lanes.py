@@ -1,7 +1,8 @@
 """The worker's copy lanes over vLLM's registered KV caches (``build_lanes``, at ``register_kv_caches``).
 
 Layers are ordered by name (natural order, the same in every process); with several KV-cache groups the
-first group's layers are the views of every group (``check_overlay``). Their layout is derived from their
+first attention group's layers are the views of every group's pages (``check_overlay``; a Mamba group's
+state tensors lie in the same pages). Their layout is derived from their
 shapes and strides (``kvtier.transfer.views``) and must be the namespace's. With chunks stored per KV head
 (``kv_heads``) each lane gets one view per KV head this rank holds and fills head-major buffers. One
 ``BlockCopier`` per kind of copy (saves, synchronous loads, layer-pipelined loads, background loads), and
@@ -47,8 +48,8 @@ def build_lanes(kv_caches: dict[str, "torch.Tensor"], *, groups: CacheGroups | N
                 block_size: int, blocks_per_chunk: int, kv_heads: KvHeads | None,
                 streams: Streams | None = None) -> Lanes:
     names = sorted(kv_caches, key=natural_key)
-    if groups is not None and groups.hybrid:
-        names = sorted(groups.groups[0].layers, key=natural_key)
+    if groups is not None and groups.hybrid:       # every group's pages are the view group's (check_overlay)
+        names = sorted(groups.groups[groups.view_group].layers, key=natural_key)
     layers = [kv_caches[n] for n in names]
     check_overlay(groups, kv_caches, layers)
     views = derive_views(layers, block_size, expected=layout, names=names)

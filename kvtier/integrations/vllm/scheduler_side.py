@@ -39,7 +39,9 @@ Contract (vLLM ``KVConnectorBase_V1`` scheduler methods):
 - Several KV-cache groups (vLLM's hybrid KV cache manager, ``cache_groups.py``): a chunk is held when
   every one of its parts is (one prefix lookup over the parts' chain); queue-time prefetch is off. Chunks
   stored per KV head (``kv_heads.py``): every head of every part (``heads`` keys per part), so a chunk is
-  claimed only when every rank can load its heads; queue-time prefetch is off. With
+  claimed only when every rank can load its heads; queue-time prefetch is off. Mamba hybrids: the chain is
+  the attention parts; a hit ends at the last chained chunk whose Mamba states are held (``_state_end``:
+  local index, or the shared tier asked once for the longest hit's states). With
   several groups or a sliding window every claim is loaded asynchronously and fails whole
   (``get_transfer_results`` reports the request, which vLLM then recomputes, and kvtier claims nothing
   more for it).
@@ -53,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from kvtier.config import ClaimsConfig
 from kvtier.integrations.vllm.claim_gate import ClaimGate
-from kvtier.integrations.vllm.cache_groups import CacheGroups
+from kvtier.integrations.vllm.cache_groups import CacheGroups, part_key
 from kvtier.integrations.vllm.claim_policy import ClaimDecision
 from kvtier.integrations.vllm.directory import Directory, RemoteLookups
 from kvtier.integrations.vllm.kv_events import KvEvents
@@ -61,7 +63,7 @@ from kvtier.integrations.vllm.request_keys import KEY_FIELDS, KeyFieldsMissing, 
 from kvtier.integrations.vllm.request_log import RequestLog
 from kvtier.integrations.vllm.metadata import KvtierConnectorMetadata, KvtierWorkerMetadata, SaveChunk
 from kvtier.integrations.vllm.prefetch import QueuePrefetch
-from kvtier.integrations.vllm.step_plans import RequestState, SavePlanner, load_plan, step_work
+from kvtier.integrations.vllm.step_plans import RequestState, SavePlanner, boundary_states, load_plan, step_work
 from kvtier.keys import ChunkKey, Namespace, chunk_keys
 
 if TYPE_CHECKING:
@@ -93,8 +95,10 @@ class SchedulerSide:
         self.store = store
         self.groups = groups                # None: one full-attention group (vLLM gave no config yet)
         self.parts = groups.count if groups is not None else 1
+        self.chained = groups.chain_parts if groups is not None else (0,)    # parts every chunk has
+        self.states = groups.state_parts if groups is not None else ()       # Mamba state parts: leaves
         self.heads = heads                  # chunks stored per KV head: the model's KV heads (0: per rank)
-        self.width = self.parts * max(1, heads)   # store keys per chunk
+        self.width = len(self.chained) * max(1, heads)   # chained store keys per chunk
         self.loads_whole = groups is not None and groups.loads_whole
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -186,7 +190,7 @@ class SchedulerSide:
         if st is None or not st.keys or st.load_failed:
             return 0
         parts = self.width
-        chain = st.parts_chain(self.parts, self.heads)
+        chain = st.parts_chain(self.chained, self.heads)
         if st.local_pending is not None:
             n, tiers = st.local_pending
         else:
@@ -209,6 +213,12 @@ class SchedulerSide:
                 return None
             n += more
             tiers = tiers + ("shared",) * more
+        if self.states and n:
+            end = self._state_end(st, request.request_id, local, n)
+            if end is None:
+                st.local_pending = (local, tiers[:local])
+                return None
+            n, tiers = end, tiers[:end]
         st.local_pending = None
         st.stored_chunks = n
         st.tiers = tiers
@@ -221,6 +231,31 @@ class SchedulerSide:
         if self.metrics:
             self.metrics.lookup()
         return claim
+
+    def _state_end(self, st: RequestState, req_id: str, local: int, n: int) -> int | None:
+        """A Mamba hybrid's hit ends where every Mamba part of its last chunk is held (``cache_groups.py``): the
+        last of the ``n`` chained chunks with its states in the local tiers, or, beyond the ``local`` ones, the
+        ``n``-th if the shared tier holds its states (asked once, off the loop; None while pending)."""
+        def leaves(c: int) -> list[bytes]:
+            return [part_key(st.keys[c - 1], g) for g in self.states]
+
+        if n > local and self._remote is not None and not st.remote_failed:
+            held = self._remote.answer(f"{req_id}#state{n}", leaves(n), 0)
+            if held is None:
+                return None
+            st.state_queries.add(f"{req_id}#state{n}")
+            if held == len(self.states):
+                return n
+        for c in range(min(n, local), 0, -1):
+            if all(self.directory.get(k) is not None or self._held_locally(k) for k in leaves(c)):
+                return c
+        return 0
+
+    def _held_locally(self, key: bytes) -> bool:
+        try:
+            return self.store.lookup([key]).num_chunks > 0
+        except Exception:   # a broken store is a miss
+            return False
 
     # -- claims that pay off -------------------------------------------------------------------
     def _count(self, st: RequestState, d: ClaimDecision) -> None:
@@ -311,6 +346,7 @@ class SchedulerSide:
         # asynchronous loads: vLLM does not schedule the request (it waits for its KV) this step
         for req_id in [r for r, st in self._reqs.items() if st.pending_async and st.pending_load and r not in scheduled]:
             self._emit_load(meta, req_id, self._reqs[req_id])
+        states = boundary_states(scheduler_output) if self.save_plans.mamba_groups else {}
         for req_id, num_new in scheduled.items():
             st = self._reqs.get(req_id)
             if st is None:
@@ -318,7 +354,7 @@ class SchedulerSide:
             table = self._emit_load(meta, req_id, st)
             if self.save:   # num_computed_tokens is pre-step here
                 computed = st.request.num_computed_tokens + num_new
-                meta.saves.extend(self.save_plans.saves_upto(req_id, st, computed, table))
+                meta.saves.extend(self.save_plans.saves_upto(req_id, st, computed, table, states.get(req_id)))
         for req_id, saves in self._releasing.items():    # finished requests: last chunks, then free
             meta.saves.extend(saves)
             meta.releases.append(req_id)
@@ -362,6 +398,8 @@ class SchedulerSide:
             self.prefetch.finished(req_id)
         if self._remote is not None:
             self._remote.forget(req_id)
+            for q in st.state_queries if st is not None else ():
+                self._remote.forget(q)
         if req_id in self._loading:
             return True
         saves: list[SaveChunk] = []

@@ -68,16 +68,20 @@ class RequestState:
     load_failed: bool = False       # a load of several KV-cache groups failed: the request recomputes, no claim
     saves_ended: bool = False       # a chunk could not be saved whole (freed sliding-window blocks)
     chain: list[bytes] = field(default_factory=list)   # every part's key (several groups), extended with keys
+    states_saved: set[int] = field(default_factory=set)  # chunks whose Mamba state parts were saved
+    state_queries: set[str] = field(default_factory=set)  # its shared-tier queries for Mamba states
 
-    def parts_chain(self, parts: int, heads: int = 0) -> list[bytes]:
-        """Every part of every chunk key in chain order (``cache_groups.chain``), extended as keys grow; with
-        chunks stored per KV head (``heads`` > 0, ``kv_heads.py``) every head of every part."""
-        if parts == 1 and not heads:
+    def parts_chain(self, parts: int | Sequence[int], heads: int = 0) -> list[bytes]:
+        """Every chained part of every chunk key in chain order (``cache_groups.chain``; ``parts``: their count,
+        or the parts themselves, ``CacheGroups.chain_parts``), extended as keys grow; with chunks stored per KV
+        head (``heads`` > 0, ``kv_heads.py``) every head of every part."""
+        chained = range(parts) if isinstance(parts, int) else tuple(parts)
+        if tuple(chained) == (0,) and not heads:
             return self.keys      # type: ignore[return-value]
-        width = parts * max(1, heads)
+        width = len(chained) * max(1, heads)
         while len(self.chain) < len(self.keys) * width:
             ci, rest = divmod(len(self.chain), width)
-            key = part_key(self.keys[ci], rest // max(1, heads))
+            key = part_key(self.keys[ci], chained[rest // max(1, heads)])
             self.chain.append(head_key(key, rest % heads) if heads else key)
         return self.chain
 
@@ -94,20 +98,32 @@ def load_plan(req_id: str, st: RequestState, start: int, end: int, tables: Seque
         log.error("kvtier: block table of %s too short for load [%d,%d)", req_id, start, end)
         return None
     chunks = []
+    order = groups.chain_parts + groups.state_parts if groups is not None else (0,)   # leaves after their parent
     for ci in range(start // c, -(-end // c)):     # chunks overlapping [start, end)
-        for g in range(parts):
+        for g in order:
             lo = max(groups.load_start(g, start, end) if groups is not None else start, ci * c)
             hi = min(end, (ci + 1) * c)
             if lo >= hi:        # a sliding-window group keeps nothing of this chunk for ``end``
                 continue
             first, last = (lo - ci * c) // bs, (hi - ci * c) // bs
             ids = tuple(tables[g][ci * bpc + first:ci * bpc + last])
-            if groups is not None and groups.windowed and NULL_BLOCK in ids:
+            if groups is not None and groups.sparse and NULL_BLOCK in ids:
                 log.error("kvtier: the null block in group %d of %s where [%d,%d) must load", g, req_id, start, end)
                 return None
             chunks.append(LoadChunk(part_key(st.keys[ci], g), ids, first))
     whole = groups is not None and groups.loads_whole
     return LoadPlan(req_id, start, end, tuple(chunks), async_load=st.pending_async or whole, whole=whole)
+
+
+def boundary_states(scheduler_output: Any) -> dict[str, dict[tuple[int, int], int]]:
+    """vLLM's exact Mamba "align" state blocks of this step (``KVConnectorBlockState.boundary_state_offloads``):
+    per request, ``(group, tokens) -> block id``; empty when vLLM offered none."""
+    offered = getattr(getattr(scheduler_output, "kv_connector_block_state", None), "boundary_state_offloads", None)
+    out: dict[str, dict[tuple[int, int], int]] = {}
+    for req_id, entries in (offered or {}).items():
+        for group, block, tokens in entries:
+            out.setdefault(req_id, {})[(int(group), int(tokens))] = int(block)
+    return out
 
 
 def step_work(scheduled: dict[str, int], reqs: dict[str, RequestState]) -> tuple[int, int]:
@@ -132,8 +148,10 @@ class SavePlanner:
                  groups: CacheGroups | None = None, heads: int = 0) -> None:
         self.store = store
         self.parts = groups.count if groups is not None else 1
+        self.chained = groups.chain_parts if groups is not None else (0,)
         self.heads = heads                  # chunks stored per KV head: the model's KV heads (0: per rank)
-        self.windowed = groups is not None and groups.windowed
+        self.sparse = groups is not None and groups.sparse
+        self.mamba_groups = list(groups.state_parts) if groups is not None else []
         self.directory = directory
         self.namespace = namespace
         self.chunk_size = namespace.chunk_size
@@ -160,35 +178,54 @@ class SavePlanner:
                     self.metrics.error("generated_key")
         return min(full, len(st.keys))
 
-    def saves_upto(self, req_id: str, st: RequestState, computed: int,
-                   tables: Sequence[Sequence[int]]) -> list[SaveChunk]:
-        """The chunks to save now (every part of each): not yet saved, full once ``computed`` tokens have
-        KV, their blocks allocated in every group's table and none of them vLLM's null block."""
+    def saves_upto(self, req_id: str, st: RequestState, computed: int, tables: Sequence[Sequence[int]],
+                   states: dict[tuple[int, int], int] | None = None) -> list[SaveChunk]:
+        """The chunks to save now (every chained part of each): not yet saved, full once ``computed`` tokens
+        have KV, their blocks allocated in every group's table and none of them vLLM's null block; then the
+        Mamba parts (leaves, one block each) of every saved chunk whose end vLLM offered a state for in
+        ``states`` (``(group, tokens) -> block``: ``boundary_state_offloads`` of this step)."""
         full = self.full_chunks(st, computed)
-        bpc, prompt, parts = self.blocks_per_chunk, st.request.num_prompt_tokens, self.parts
+        bpc, prompt, chained = self.blocks_per_chunk, st.request.num_prompt_tokens, self.chained
         out = []
         while st.next_save_chunk < full and not st.saves_ended:
             ci = st.next_save_chunk
-            blocks = [tuple(t[ci * bpc:(ci + 1) * bpc]) for t in tables[:parts]]
-            if len(blocks) < parts or any(len(b) < bpc for b in blocks):
+            blocks = {g: tuple(tables[g][ci * bpc:(ci + 1) * bpc]) for g in chained if g < len(tables)}
+            if len(blocks) < len(chained) or any(len(b) < bpc for b in blocks.values()):
                 break
-            if self.windowed and not all(saveable(b) for b in blocks):
+            if self.sparse and not all(saveable(b) for b in blocks.values()):
                 st.saves_ended = True      # vLLM freed a sliding window's blocks: the chain would have a gap
                 if self.metrics:
                     self.metrics.error("save_window_freed")
                 break
             generated = (ci + 1) * self.chunk_size > prompt
             st.next_save_chunk += 1
+            first, last = part_key(st.keys[ci], chained[0]), part_key(st.keys[ci], chained[-1])
             if self.kv_events is not None:
-                self.kv_events.remember(bytes(st.keys[ci]), st.request, ci)
+                self.kv_events.remember(first, st.request, ci)
                 if self.heads:         # the worker's tiers report head keys: head 0's stands for the chunk
-                    self.kv_events.remember(head_key(st.keys[ci], 0), st.request, ci)
-            last = part_key(st.keys[ci], parts - 1)
+                    self.kv_events.remember(head_key(first, 0), st.request, ci)
             if generated and self.held(ChunkKey(head_key(last, self.heads - 1) if self.heads else last)):
                 continue              # e.g. the same reply again
-            for g in range(parts):
-                out.append(SaveChunk(req_id, ci, part_key(st.keys[ci], g), chain_parent(st.keys, ci, g, parts),
-                                     blocks[g], generated=generated))
+            for j, g in enumerate(chained):
+                parent = part_key(st.keys[ci], chained[j - 1]) if j else \
+                    (part_key(st.keys[ci - 1], chained[-1]) if ci else None)
+                out.append(SaveChunk(req_id, ci, part_key(st.keys[ci], g), parent, blocks[g], generated=generated))
+        if self.mamba_groups and states:
+            out += self._state_saves(req_id, st, states)
+        return out
+
+    def _state_saves(self, req_id: str, st: RequestState, states: dict[tuple[int, int], int]) -> list[SaveChunk]:
+        """The Mamba parts of saved chunks whose end vLLM offered a state for (every Mamba group's), once."""
+        out = []
+        for ci in sorted({t // self.chunk_size - 1 for _, t in states if t % self.chunk_size == 0 and t > 0}):
+            end = (ci + 1) * self.chunk_size
+            blocks = [states.get((g, end)) for g in self.mamba_groups]
+            if ci >= st.next_save_chunk or ci in st.states_saved or None in blocks or NULL_BLOCK in blocks:
+                continue
+            st.states_saved.add(ci)
+            parent = part_key(st.keys[ci], self.chained[-1])
+            out += [SaveChunk(req_id, ci, part_key(st.keys[ci], g), parent, (b,), generated=end > st.request.num_prompt_tokens)
+                    for g, b in zip(self.mamba_groups, blocks)]
         return out
 
     def held(self, key: ChunkKey) -> bool:
