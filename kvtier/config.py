@@ -98,6 +98,9 @@ class SharedTierBase(_Section):
     io_timeout_s: float = Field(default=5.0, gt=0, description="deadline of one batched read or write")
     max_inflight: int = Field(default=8, ge=1, le=256, description="most threads/requests in flight to the backend "
                               "at once: a stalled backend can hold at most this many")
+    write_backlog: ByteSize = Field(default=2**30, gt=0, description="bytes of writes queued for the backend "
+                                    "beyond those in flight; a write past it is dropped (counted). Counted in "
+                                    "bytes, so chunks stored per KV head queue as many chunks as whole ones")
     probe_interval_s: float = Field(default=2.0, gt=0, description="after a timeout the tier is marked "
                                     "unavailable (no new I/O) and probed this often until it answers")
     encoding: Literal["plain", "zstd", "int8"] = Field(default="plain", description="payload encoding in this "

@@ -46,7 +46,7 @@ from kvtier.tiers.protocol import Deadline, PrefixResult, ReadResult, Status, Wr
 
 T = TypeVar("T")
 PROBE_KEY = ChunkKey(b"\0" * 32)
-WRITE_BACKLOG_PER_THREAD = 4
+MAX_BACKLOG_ENTRIES = 4096     # queued writes, whatever their bytes (``write_backlog`` bounds the bytes)
 
 
 class DaemonPool:
@@ -85,6 +85,11 @@ class DaemonPool:
             self._q.put(None)
 
 
+def _nbytes(item: WriteItem) -> int:
+    p = item.payload
+    return p.nbytes if isinstance(p, memoryview) else len(p)
+
+
 class _Unavailable(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
@@ -104,6 +109,7 @@ class GuardedTier(WrappingTier):
         self._lock = threading.Lock()
         self._writes: collections.deque[tuple[WriteItem, WriteDone | None]] = collections.deque()
         self._writes_inflight = 0
+        self._backlog_bytes = 0                          # payload bytes in ``_writes``
         self._batch_started: dict[int, float] = {}     # id(batch) -> monotonic start (stall watchdog)
         self._idle = threading.Condition(self._lock)
         self._dropping = False
@@ -236,7 +242,6 @@ class GuardedTier(WrappingTier):
         return res
 
     def write(self, items: Sequence[WriteItem], on_done: WriteDone | None = None) -> list[bool]:
-        cap = WRITE_BACKLOG_PER_THREAD * self.cfg.max_inflight
         with self._lock:
             oldest = min(self._batch_started.values(), default=None)
         if oldest is not None and time.monotonic() - oldest > self.cfg.io_timeout_s:
@@ -244,12 +249,16 @@ class GuardedTier(WrappingTier):
         out: list[bool] = []
         for item in items:
             with self._lock:
-                ok = not self.breaker.is_open and not self._closed and len(self._writes) < cap
+                size = _nbytes(item)
+                room = not self._writes or (self._backlog_bytes + size <= self.cfg.write_backlog
+                                            and len(self._writes) < MAX_BACKLOG_ENTRIES)
+                ok = not self.breaker.is_open and not self._closed and room
                 if ok:
                     self._dropping = False
                     if item.release is None:        # copy now: the caller may reuse its buffer
                         item = WriteItem(item.meta, memoryview(bytes(item.payload)))
                     self._writes.append((item, on_done))
+                    self._backlog_bytes += size
                     self._writes_inflight += 1
                     first_drop = False
                 else:
@@ -275,6 +284,7 @@ class GuardedTier(WrappingTier):
                 if not self._slots.acquire(blocking=False):
                     return
                 batch = [self._writes.popleft() for _ in range(min(len(self._writes), 16))]
+                self._backlog_bytes -= sum(_nbytes(it) for it, _ in batch)
             try:
                 self._submit(lambda b=batch: self._write_batch(b), after=self._pump)
             except RuntimeError:
@@ -370,6 +380,7 @@ class GuardedTier(WrappingTier):
             self._closed = True
             pending = list(self._writes)
             self._writes.clear()
+            self._backlog_bytes = 0
         self._stop.set()
         self._finish(pending, False)
         if self._pool is not None:

@@ -36,7 +36,8 @@ def guarded(tmp_path: Path):
     tm = Telemetry()
     # the caps also bound every healthy call (a pool-thread round trip): 2 s, not 0.2 s, so that a niced run
     # beside a busy integration suite (thread wake-ups of 0.5 s measured) never times a healthy call out
-    cfg = SharedFsConfig(path=tmp_path, max_inflight=3, lookup_timeout_s=2.0, io_timeout_s=2.0, probe_interval_s=0.05)
+    cfg = SharedFsConfig(path=tmp_path, max_inflight=3, lookup_timeout_s=2.0, io_timeout_s=2.0, probe_interval_s=0.05,
+                         write_backlog=12 * P)
     g = GuardedTier.wrap(inner, cfg, tm)
     yield g, inner, tm
     inner.resume()
@@ -175,10 +176,33 @@ def test_write_backlog_is_bounded_while_stalled(guarded) -> None:
     inner.stall()
     done: list[tuple[bytes, bool]] = []
     ok = g.write([WriteItem(meta(k), memoryview(bytearray(P))) for k in keys], lambda k, s: done.append((k, s)))
-    assert 0 < sum(ok) <= 4 * 3 + 3 * 16                  # queued + in flight; the rest dropped at once
+    assert 0 < sum(ok) <= 12 + 3 * 16                     # queued (12 x P bytes) + in flight; the rest dropped
     inner.resume()
     assert g.flush(10)
     assert len(done) == sum(ok) and all(s for _, s in done)
+
+
+def test_the_write_backlog_is_counted_in_bytes_whatever_the_entries_size(tmp_path: Path) -> None:
+    """Chunks stored per KV head are more, smaller entries: the backlog holds as many bytes of them."""
+    queued = {}
+    for size in (P, P // 8):
+        inner = DictSharedTier()
+        cfg = SharedFsConfig(path=tmp_path, max_inflight=1, lookup_timeout_s=2.0, io_timeout_s=30.0,
+                             write_backlog=12 * P)
+        g = GuardedTier.wrap(inner, cfg, Telemetry())
+        try:
+            inner.stall()
+            first = g.write([WriteItem(ChunkMeta(k, None, 4, (size,), "uint8", size), memoryview(bytearray(size)))
+                             for k in chunk_keys(NS, list(range(4)))[:1]])
+            assert first == [True] and wait_for(lambda: not g._writes)    # the first batch is in flight, stalled
+            keys = chunk_keys(NS, list(range(4 * 400)))
+            ok = g.write([WriteItem(ChunkMeta(k, None, 4, (size,), "uint8", size), memoryview(bytearray(size)))
+                          for k in keys])
+            queued[size] = sum(ok) * size
+        finally:
+            inner.resume()
+            g.close()
+    assert queued == {P: 12 * P, P // 8: 12 * P}
 
 
 class QueueingBackend(DictSharedTier):
