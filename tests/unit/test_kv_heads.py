@@ -76,6 +76,8 @@ def test_the_namespace_leaves_the_tp_size_out() -> None:
     assert engine_kv_heads(two, "per-kv-head", mla=True) is None
     with pytest.raises(HeadShardingError):
         engine_kv_heads(_vllm_config(3, 2), "per-kv-head", mla=False)
+    with pytest.raises(HeadShardingError, match="Mamba state pages have no KV heads"):
+        engine_kv_heads(one, "per-kv-head", mla=False, mamba=True)
 
 
 def _cache(heads: int, seed: int, fill: bool = True) -> list[torch.Tensor]:
