@@ -161,24 +161,30 @@ def test_a_mamba_hybrids_state_hits_equal_vllms_own_prefix_cache_hit(tiny_model,
 
 def test_tp2_ranks_save_and_load_their_share_and_one_rank_failing_recomputes_on_every_rank(tiny_model, tmp_path):
     """A tiny Llama with 4 KV heads on two tensor-parallel ranks (one core each): each rank saves its two heads
-    under its own namespace, RAM and SSD hits equal a cold recompute; with every chunk of rank 1 corrupted, rank
-    1's loads fail, vLLM recomputes the request on both ranks (failed block ids are merged over the ranks) and
-    the output is still the cold one."""
+    under its own namespace, a RAM hit equals a cold recompute; in a new process with every SSD chunk of rank 1
+    corrupted, the SSD hit is claimed, rank 1's loads fail, vLLM recomputes the request on both ranks (failed
+    block ids are merged over the ranks) and the output is still the cold one. (TP = 2 hits from a tier in a new
+    process: the per-KV-head test below.)"""
     model = tiny_model("llama-kv4")
     disk = ("--disk", str(tmp_path / "disk"), "--tp", "2")
     writer = _run("writer", model, tmp_path / "writer.json", *disk, "--log", str(tmp_path / "writer.log"))
     spaces = [json.loads(p.read_text())["namespace"] for p in (tmp_path / "disk").glob("*/namespace.json")]
     assert sorted((ns["tp_rank"], ns["tp_size"]) for ns in spaces) == [(0, 2), (1, 2)]
-    ssd = _run("reader", model, tmp_path / "ssd.json", *disk, "--tier", "ssd", "--log", str(tmp_path / "ssd.log"))
-    broken = _run("reader", model, tmp_path / "broken.json", *disk, "--tier", "ssd", "--corrupt-rank", "1")
+    log = tmp_path / "broken.log"
+    broken = _run("reader", model, tmp_path / "broken.json", *disk, "--tier", "ssd", "--corrupt-rank", "1",
+                  "--log", str(log))
     assert broken["corrupted"] > 0
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    claims = [e for e in events if e["event"] == "claim"]
+    loads = [e for e in events if e["event"] == "load"]
+    assert len(claims) == 2 and all(e["claimed_tokens"] > 0 for e in claims)          # the SSD hits were claimed
+    assert len(loads) == 2 and all(e["failed_tokens"] > 0 for e in loads)             # and rank 1 failed them
     for prompt, length in (("doc_1100", 1100), ("doc_700", 700)):
         cold = {prompt: writer[f"cold_{prompt}"]}
         hit = min(length // 256 * 256, (length - 1) // BLOCK * BLOCK)
-        for phase in (writer[f"ram_{prompt}"], ssd[f"ssd_{prompt}"]):
-            (req,) = phase["requests"]
-            assert not mismatches(cold[prompt]["requests"][0], req, EXACT_TOL)
-            assert req["num_cached_tokens"] == hit == phase["vllm"]["vllm:external_prefix_cache_hits"]
+        (req,) = writer[f"ram_{prompt}"]["requests"]
+        assert not mismatches(cold[prompt]["requests"][0], req, EXACT_TOL)
+        assert req["num_cached_tokens"] == hit == writer[f"ram_{prompt}"]["vllm"]["vllm:external_prefix_cache_hits"]
         (req,) = broken[f"ssd_{prompt}"]["requests"]
         assert not mismatches(cold[prompt]["requests"][0], req, EXACT_TOL), prompt
 
