@@ -56,8 +56,6 @@ def last_core() -> str | None:
     return str(cpus[-1]) if len(cpus) >= 2 else None
 
 
-
-
 class Beside:
     def __init__(self, model: Path, factory: pytest.TempPathFactory) -> None:
         self.model, self.factory = model, factory
@@ -139,10 +137,12 @@ def wanted_jobs(session: pytest.Session, host: str) -> list[str]:
     """The jobs of ``host``'s lane whose tests are in this session (a job runs only for a test that
     will use it)."""
     modules = {item.module.__name__ for item in session.items if hasattr(item, "module")}
-    return [name for name in LANES[host] if JOBS[name][0] in modules or JOBS[name][0].rsplit(".", 1)[-1] in modules]
+    return [name for name in LANES[host]
+            if JOBS[name][0] in modules or JOBS[name][0].rsplit(".", 1)[-1] in modules]
 
 
 def host_of(request: pytest.FixtureRequest) -> str:
+    """The requesting test module's name: the key of its lane in ``LANES``."""
     return request.module.__name__.rsplit(".", 1)[-1]
 
 
