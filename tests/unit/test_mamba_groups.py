@@ -10,11 +10,12 @@ import pytest
 import torch
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheGroupSpec, MambaSpec
 
-from kvtier.integrations.vllm.cache_groups import (NULL_BLOCK, UnsupportedGroups, cache_groups, check_overlay,
+from kvtier.integrations.vllm.cache_groups import (UnsupportedGroups, cache_groups, check_overlay,
                                                    part_key)
 from kvtier.integrations.vllm.scheduler_side import SchedulerSide
 from kvtier.integrations.vllm.step_plans import boundary_states
 from kvtier.keys import Namespace, chunk_keys
+from tests.unit.test_cache_groups import GroupTables
 from tests.unit.test_connector_sides import FakeRequest, FakeStore, _prompt
 
 BLOCK = 128
@@ -50,30 +51,10 @@ def test_align_mode_state_is_a_group_the_others_are_refused():
         cache_groups(_config(_mamba(), _mamba()))
 
 
-class StateTables:
-    """Block tables of a Mamba group (0) and a full-attention group (1), one pool."""
-
-    def __init__(self):
-        self.tables: dict[str, tuple[list[int], list[int]]] = {}
-        self.next = 1
-
-    def alloc(self, req_id, num_tokens, null_states_before=0):
-        t = self.tables.setdefault(req_id, ([], []))
-        for g, table in enumerate(t):
-            while len(table) * BLOCK < num_tokens:
-                null = g == 0 and len(table) < null_states_before
-                table.append(NULL_BLOCK if null else self.next)
-                self.next += 0 if null else 1
-        return t
-
-    def __call__(self, req_id):
-        return self.tables[req_id]
-
-
 def _scheduler(store):
     groups = cache_groups(_config(_mamba(), _full()))
     s = SchedulerSide(store, NS, block_size=BLOCK, save=True, min_hit_chunks=1, groups=groups)
-    tables = StateTables()
+    tables = GroupTables()        # group 0 (Mamba) gets the null block before ``null_before``
     s.bind(tables)
     return s, tables
 
@@ -132,13 +113,13 @@ def test_a_hit_loads_every_attention_block_and_only_the_state_at_its_end():
     claim = s.num_new_matched_tokens(req, 0)
     assert claim == 640 and s.load_async(req)
     s.after_alloc(req, claim)
-    mamba, full = tables.alloc("a", claim, null_states_before=4)        # vLLM keeps the state block 4 only
+    mamba, full = tables.alloc("a", claim, null_before=4)        # vLLM keeps the state block 4 only
     (plan,) = s.build_meta(SimpleNamespace(num_scheduled_tokens={})).loads
     assert plan.whole and [(c.key, c.block_ids) for c in plan.chunks] == \
         [(part_key(keys[i], 1), (full[i],)) for i in range(5)] + [(part_key(keys[4], 0), (mamba[4],))]
     req2 = FakeRequest("b", tokens)
     s.after_alloc(req2, s.num_new_matched_tokens(req2, 0))
-    tables.alloc("b", claim, null_states_before=5)                       # no block for the state: no load
+    tables.alloc("b", claim, null_before=5)                       # no block for the state: no load
     assert s.build_meta(SimpleNamespace(num_scheduled_tokens={})).loads == []
 
 
