@@ -172,11 +172,14 @@ def chain(keys: Sequence[bytes], parts: int) -> list[bytes]:
     return [part_key(k, p) for k in keys for p in range(parts)]
 
 
-def chain_parent(keys: Sequence[bytes], ci: int, part: int, parts: int) -> bytes | None:
-    """The key before part ``part`` of chunk ``ci`` in the chain (None for the very first)."""
-    if part > 0:
-        return part_key(keys[ci], part - 1)
-    return part_key(keys[ci - 1], parts - 1) if ci > 0 else None
+def chain_parent(keys: Sequence[bytes], ci: int, part: int, parts: int | Sequence[int]) -> bytes | None:
+    """The key before part ``part`` of chunk ``ci`` in the chain (None for the very first). ``parts``: how many
+    parts every chunk chains (``0 .. parts - 1``), or which ones in chain order (``CacheGroups.chain_parts``)."""
+    chained = range(parts) if isinstance(parts, int) else tuple(parts)
+    j = chained.index(part)
+    if j > 0:
+        return part_key(keys[ci], chained[j - 1])
+    return part_key(keys[ci - 1], chained[-1]) if ci > 0 else None
 
 
 def saveable(block_ids: Sequence[int]) -> bool:

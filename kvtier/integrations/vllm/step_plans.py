@@ -206,10 +206,9 @@ class SavePlanner:
                     self.kv_events.remember(head_key(first, 0), st.request, ci)
             if generated and self.held(ChunkKey(head_key(last, self.heads - 1) if self.heads else last)):
                 continue              # e.g. the same reply again
-            for j, g in enumerate(chained):
-                parent = part_key(st.keys[ci], chained[j - 1]) if j else \
-                    (part_key(st.keys[ci - 1], chained[-1]) if ci else None)
-                out.append(SaveChunk(req_id, ci, part_key(st.keys[ci], g), parent, blocks[g], generated=generated))
+            for g in chained:
+                out.append(SaveChunk(req_id, ci, part_key(st.keys[ci], g), chain_parent(st.keys, ci, g, chained),
+                                     blocks[g], generated=generated))
         if self.mamba_groups and states:
             out += self._state_saves(req_id, st, states)
         return out
