@@ -102,11 +102,6 @@ class CacheGroups:
         return len(self.groups) > 1
 
     @property
-    def windowed(self) -> bool:
-        """A sliding-window group: vLLM gives it the null block outside the window."""
-        return any(g.kind == "sliding_window" for g in self.groups)
-
-    @property
     def sparse(self) -> bool:
         """A group vLLM gives the null block below what it keeps (a sliding window, Mamba state): never read or
         written there."""

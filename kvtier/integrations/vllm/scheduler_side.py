@@ -94,7 +94,6 @@ class SchedulerSide:
                  prefetch_ram: int = 0, groups: CacheGroups | None = None, heads: int = 0) -> None:
         self.store = store
         self.groups = groups                # None: one full-attention group (vLLM gave no config yet)
-        self.parts = groups.count if groups is not None else 1
         self.chained = groups.chain_parts if groups is not None else (0,)    # parts every chunk has
         self.states = groups.state_parts if groups is not None else ()       # Mamba state parts: leaves
         self.heads = heads                  # chunks stored per KV head: the model's KV heads (0: per rank)
@@ -247,15 +246,9 @@ class SchedulerSide:
             if held == len(self.states):
                 return n
         for c in range(min(n, local), 0, -1):
-            if all(self.directory.get(k) is not None or self._held_locally(k) for k in leaves(c)):
+            if all(self.save_plans.held(ChunkKey(k)) for k in leaves(c)):
                 return c
         return 0
-
-    def _held_locally(self, key: bytes) -> bool:
-        try:
-            return self.store.lookup([key]).num_chunks > 0
-        except Exception:   # a broken store is a miss
-            return False
 
     # -- claims that pay off -------------------------------------------------------------------
     def _count(self, st: RequestState, d: ClaimDecision) -> None:

@@ -147,7 +147,6 @@ class SavePlanner:
                  save_generated: bool, metrics: "ConnectorMetrics | None", kv_events: KvEvents | None,
                  groups: CacheGroups | None = None, heads: int = 0) -> None:
         self.store = store
-        self.parts = groups.count if groups is not None else 1
         self.chained = groups.chain_parts if groups is not None else (0,)
         self.heads = heads                  # chunks stored per KV head: the model's KV heads (0: per rank)
         self.sparse = groups is not None and groups.sparse
